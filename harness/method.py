@@ -1,0 +1,197 @@
+"""The measurement method shared by every benchmark family.
+
+Validation before timing, warm-up apart from steady state, shuffled variant
+order, medians and IQRs, peak-memory measurement, and self-describing JSON.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+import platform
+import random
+import resource
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+
+class BenchmarkError(RuntimeError):
+    """A benchmark could not produce a trustworthy measurement."""
+
+
+def synchronize(device: str | torch.device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any], device: str | torch.device = "cpu") -> tuple[float, Any]:
+    """Run ``fn`` once and return (seconds, result), synchronized on CUDA."""
+    synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return time.perf_counter() - start, out
+
+
+def summarize(samples: list[float]) -> dict[str, float]:
+    """Median, interquartile range, min and max of timing samples."""
+    if not samples:
+        return {"median": float("nan"), "iqr": float("nan"), "min": float("nan"), "max": float("nan")}
+    ordered = sorted(samples)
+    if len(ordered) >= 2:
+        q = statistics.quantiles(ordered, n=4, method="inclusive")
+        iqr = q[2] - q[0]
+    else:
+        iqr = 0.0
+    return {"median": statistics.median(ordered), "iqr": iqr, "min": ordered[0], "max": ordered[-1]}
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def current_rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def measure_cuda_peak(fn: Callable[[], Any], device: str | torch.device) -> tuple[int, Any]:
+    """Extra peak bytes allocated by ``fn`` above the live baseline (CUDA only)."""
+    gc.collect()
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    out = fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base, out
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |a - e| / max(max |e|, tiny): one number per compared tensor."""
+    actual = actual.detach().to(torch.float64)
+    expected = expected.detach().to(torch.float64)
+    if actual.shape != expected.shape:
+        raise BenchmarkError(f"shape mismatch: got {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+    if not torch.isfinite(actual).all():
+        return float("inf")
+    scale = expected.abs().max().clamp_min(torch.finfo(torch.float64).tiny)
+    return float((actual - expected).abs().max() / scale)
+
+
+def default_tolerance(dtype: torch.dtype) -> float:
+    return {torch.float64: 1e-9, torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 3e-3}[dtype]
+
+
+def environment() -> dict[str, Any]:
+    """Versions, threads and hardware: enough to reproduce or to distrust a number."""
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    env: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "argv": sys.argv,
+    }
+    for name in ("sympy", "numpy", "scipy", "sklearn", "cma", "polystep", "pykeops"):
+        module = sys.modules.get(name)
+        if module is not None:
+            env[name] = getattr(module, "__version__", "unknown")
+    return env
+
+
+def checksums(packages: tuple[str, ...] = ("harness", "lazytensor", "solvers", "polytope")) -> dict[str, str]:
+    """SHA-256 over each package's Python sources: which code produced the numbers."""
+    root = Path(__file__).resolve().parent.parent
+    out = {}
+    for pkg in packages:
+        digest = hashlib.sha256()
+        for path in sorted((root / pkg).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(path.read_bytes())
+        out[pkg] = digest.hexdigest()[:16]
+    return out
+
+
+@dataclass
+class VariantResult:
+    """One variant's measurement: samples, validation and memory."""
+
+    name: str
+    first_call_s: float | None = None
+    samples_s: list[float] = field(default_factory=list)
+    summary: dict[str, float] = field(default_factory=dict)
+    validation: dict[str, float] = field(default_factory=dict)
+    peak_extra_bytes: int | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def run_variants(
+    variants: dict[str, Callable[[], Any]],
+    *,
+    repeats: int,
+    warmup: int,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+) -> dict[str, VariantResult]:
+    """Time already-validated variants: first call apart, then shuffled rounds.
+
+    Each round runs every variant once in a fresh random order, so drift on a
+    shared machine spreads over all variants instead of biasing one.
+    """
+    results = {name: VariantResult(name) for name in variants}
+    for name, fn in variants.items():
+        results[name].first_call_s, _ = timed(fn, device)
+        for _ in range(max(warmup - 1, 0)):
+            timed(fn, device)
+    rng = random.Random(seed)
+    order = list(variants)
+    for _ in range(repeats):
+        rng.shuffle(order)
+        for name in order:
+            gc.collect()
+            seconds, _ = timed(variants[name], device)
+            results[name].samples_s.append(seconds)
+    for res in results.values():
+        res.summary = summarize(res.samples_s)
+    return results
+
+
+def write_json(path: str | os.PathLike | None, record: dict[str, Any]) -> None:
+    """Write a benchmark record with environment and checksums attached."""
+    record = dict(record)
+    record.setdefault("environment", environment())
+    record.setdefault("checksums", checksums())
+    record.setdefault("created_unix", time.time())
+
+    def encode(obj: Any) -> Any:
+        if isinstance(obj, VariantResult):
+            return asdict(obj)
+        if isinstance(obj, (torch.dtype, torch.device, Path)):
+            return str(obj)
+        raise TypeError(f"cannot encode {type(obj).__name__} in benchmark JSON")
+
+    text = json.dumps(record, indent=2, default=encode)
+    if path is None:
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text + "\n")
