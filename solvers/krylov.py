@@ -1,0 +1,325 @@
+"""Block Krylov methods that only ever ask their operator for products.
+
+Every product is one pass over the source with all active columns at once,
+so a streamed kernel regenerates its tiles once per iteration no matter how
+many right-hand sides or block vectors there are.
+
+* :func:`cg` -- conjugate gradients for many right-hand sides (per-column
+  coefficients, shared passes), stopping per column on the true residual.
+* :func:`lanczos_eigsh` -- block Lanczos with full reorthogonalization and
+  thick restarts (Rayleigh-Ritz on the explicit projection).
+* :func:`golub_kahan_svds` -- block Golub-Kahan-Lanczos bidiagonalization for
+  leading singular triplets of rectangular sources.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .sources import Source, as_source
+
+__all__ = ["KrylovInfo", "cg", "lanczos_eigsh", "golub_kahan_svds"]
+
+
+@dataclass
+class KrylovInfo:
+    """Diagnostics: ``matvecs`` counts operator applications (passes), each over all active columns."""
+
+    iterations: int = 0
+    matvecs: int = 0
+    residuals: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    converged: bool = False
+    reason: str = ""
+    column_converged: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.bool))
+
+    def __repr__(self):
+        worst = float(self.residuals.max()) if self.residuals.numel() else float("nan")
+        return (f"KrylovInfo(converged={self.converged}, reason={self.reason!r}, iterations={self.iterations}, "
+                f"matvecs={self.matvecs}, max_residual={worst:.3g})")
+
+
+def _check_tolerances(rtol: float, atol: float, maxiter) -> None:
+    if not (rtol >= 0 and atol >= 0) or rtol != rtol or atol != atol:
+        raise ValueError(f"rtol and atol must be non-negative numbers, got rtol={rtol!r}, atol={atol!r}")
+    if maxiter is not None and (not isinstance(maxiter, int) or maxiter < 1):
+        raise ValueError(f"maxiter must be a positive int or None, got {maxiter!r}")
+
+
+def _generator(random_state: int, device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int(random_state))
+    return gen
+
+
+def fix_signs(vectors: torch.Tensor) -> torch.Tensor:
+    """Flip columns so that each one's largest-magnitude entry is positive."""
+    if vectors.numel() == 0:
+        return torch.ones(vectors.shape[-1], dtype=vectors.dtype, device=vectors.device)
+    idx = vectors.abs().argmax(dim=0)
+    signs = torch.sign(vectors.gather(0, idx.unsqueeze(0)).squeeze(0))
+    return torch.where(signs == 0, torch.ones_like(signs), signs)
+
+
+# --------------------------------------------------------------------------- CG
+def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: float = 1e-6, atol: float = 0.0,
+       maxiter: int | None = None):
+    """Solve ``A X = B`` for symmetric positive definite ``A`` and every column of ``B``.
+
+    A column stops when its true residual satisfies ``||b - A x|| <= max(rtol ||b||, atol)``:
+    the recurrence residual decides when to check, then the residual is recomputed
+    with one more product and CG restarts from there for columns that are not done
+    (and reports ``stagnation`` when a restart no longer helps). ``M`` is an optional
+    preconditioner: a callable returning an approximation of ``A^{-1} R``.
+    Returns ``(X, info)`` with ``info.residuals`` the final true residual norms.
+    """
+    A = as_source(A)
+    _check_tolerances(rtol, atol, maxiter)
+    if not isinstance(B, torch.Tensor):
+        raise TypeError(f"B must be a torch.Tensor, got {type(B).__name__}")
+    n = A.shape[0]
+    if A.shape[0] != A.shape[1] or B.ndim not in (1, 2) or B.shape[0] != n:
+        raise ValueError(f"B must have {n} rows for a square ({n}, {n}) operator, got A {A.shape} and B {tuple(B.shape)}")
+    vector = B.ndim == 1
+    B = (B.unsqueeze(1) if vector else B).detach().to(A.dtype)
+    if not torch.isfinite(B).all():
+        raise ValueError("B contains NaN or infinite values")
+    maxiter = maxiter or min(10 * n, 10_000)
+    precondition = M if M is not None else (lambda R: R)
+    eps = torch.finfo(A.dtype).eps
+    guard = max(n, 10) * eps  # cosines below this are roundoff: the direction carries no curvature
+
+    info = KrylovInfo()
+    X = torch.zeros_like(B) if x0 is None else (x0.unsqueeze(1) if vector else x0).detach().to(A.dtype).clone()
+    target = torch.clamp(rtol * B.norm(dim=0), min=atol)
+    R = B - A.matmul_nograd(X) if x0 is not None else B.clone()
+    info.matvecs += x0 is not None
+    true_norm = R.norm(dim=0)
+    stopped = torch.zeros(B.shape[1], dtype=torch.bool, device=B.device)  # converged or broken down
+    broken = torch.zeros_like(stopped)
+    reason = "maxiter"
+    while True:
+        active = (~stopped & (true_norm > target)).nonzero().squeeze(1)
+        if active.numel() == 0 or info.iterations >= maxiter:
+            break
+        # A fresh CG cycle on the active columns, started from their true residual.
+        Ra = R[:, active]
+        Z = precondition(Ra)
+        P = Z.clone()
+        rz = (Ra * Z).sum(0)
+        live = torch.arange(active.numel(), device=B.device)
+        while live.numel() and info.iterations < maxiter:
+            cols = active[live]
+            AP = A.matmul_nograd(P[:, live])
+            info.matvecs += 1
+            info.iterations += 1
+            Pl = P[:, live]
+            curvature = (Pl * AP).sum(0)
+            bad = ~(curvature > guard * Pl.norm(dim=0) * AP.norm(dim=0))
+            if bad.any():  # p^T A p lost in roundoff or negative: A is not positive definite here
+                broken[cols[bad]] = True
+                stopped[cols[bad]] = True
+            step = torch.where(bad, torch.zeros_like(curvature), rz[live] / torch.where(bad, 1.0, curvature))
+            X[:, cols] += Pl * step
+            Ra[:, live] -= AP * step
+            norms = Ra[:, live].norm(dim=0)
+            keep = ~bad & (norms > target[cols])
+            live = live[keep]
+            if live.numel() == 0:
+                break
+            Zl = precondition(Ra[:, live])
+            rz_new = (Ra[:, live] * Zl).sum(0)
+            dead = ~(rz_new > guard * Ra[:, live].norm(dim=0) * Zl.norm(dim=0))  # preconditioner not SPD
+            if dead.any():
+                broken[active[live[dead]]] = True
+                stopped[active[live[dead]]] = True
+            P[:, live] = Zl + P[:, live] * (rz_new / rz[live])
+            rz[live] = rz_new
+            live = live[~dead]
+        # Recompute the true residual of the columns that were just iterated.
+        previous = true_norm[active].clone()
+        R[:, active] = B[:, active] - A.matmul_nograd(X[:, active])
+        info.matvecs += 1
+        true_norm[active] = R[:, active].norm(dim=0)
+        stalled = (true_norm[active] > target[active]) & (true_norm[active] >= 0.5 * previous)
+        if stalled.any():  # a whole restart cycle did not even halve the residual: the precision floor
+            stopped[active[stalled]] = True
+            reason = "stagnation"
+    done = true_norm <= target
+    info.residuals = true_norm
+    info.column_converged = done
+    info.converged = bool(done.all())
+    if info.converged:
+        info.reason = "converged"
+    elif broken.any():
+        info.reason = "breakdown: the operator or preconditioner is not positive definite"
+    else:
+        info.reason = reason
+    return (X.squeeze(1) if vector else X), info
+
+
+# ------------------------------------------------------------ block bases
+def _extend(W: torch.Tensor, basis: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Orthonormal block spanning ``W`` outside ``span(basis)``.
+
+    Two rounds of Gram-Schmidt against the basis (full reorthogonalization);
+    columns that vanish to roundoff are replaced by random directions so the
+    block keeps its width (an invariant subspace was found).
+    """
+    n, width = W.shape
+    eps = torch.finfo(W.dtype).eps
+    scale = W.norm(dim=0).clamp_min(torch.finfo(W.dtype).tiny)
+    for attempt in range(3):
+        for _ in range(2):
+            if basis.shape[1]:
+                W = W - basis @ (basis.T @ W)
+        Q, R = torch.linalg.qr(W)
+        weak = R.diagonal().abs() <= 10 * n * eps * scale
+        if not weak.any():
+            return Q
+        W = torch.where(weak, torch.randn(n, width, generator=gen, dtype=W.dtype, device=W.device), Q)
+        scale = W.norm(dim=0)
+    return Q
+
+
+def _default_basis(p: int, limit: int, max_basis: int | None) -> int:
+    """Basis columns kept before a restart: six blocks unless told otherwise."""
+    cap = 6 * p if max_basis is None else max_basis
+    if cap < 2 * p and cap < limit:
+        raise ValueError(f"max_basis must be at least twice the block width {p}, got {max_basis}")
+    return min(limit, cap)
+
+
+def _check_rank(k, limit: int, name: str = "k") -> None:
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= limit:
+        raise ValueError(f"{name} must be an int in [1, {limit}], got {k!r}")
+
+
+# ---------------------------------------------------------------- Lanczos
+def lanczos_eigsh(A, k: int, *, search_width: int = 10, rtol: float = 1e-8, maxiter: int | None = None,
+                  max_basis: int | None = None, random_state: int = 0, which: str = "LA"):
+    """Leading ``k`` eigenpairs of a symmetric operator by block Lanczos.
+
+    The block has ``k + search_width`` columns (a streamed pass costs about the
+    same for one column or twelve, so width buys fewer passes). Every new block
+    is fully reorthogonalized; when the basis reaches ``max_basis`` columns it
+    is restarted from the leading Ritz vectors. A pair is accepted when
+    ``||A u - theta u|| <= rtol * max|theta|``. ``which`` is ``"LA"`` (largest
+    algebraic) or ``"LM"`` (largest magnitude). Returns
+    ``(eigenvalues (k,), eigenvectors (n, k), info)``, eigenvalues in decreasing
+    order of the chosen criterion and signs fixed.
+    """
+    A = as_source(A)
+    n = A.shape[0]
+    if A.shape[0] != A.shape[1]:
+        raise ValueError(f"A must be square, got shape {A.shape}")
+    _check_rank(k, n)
+    _check_tolerances(rtol, 0.0, maxiter)
+    if which not in ("LA", "LM"):
+        raise ValueError(f"which must be 'LA' or 'LM', got {which!r}")
+    if not isinstance(search_width, int) or search_width < 0:
+        raise ValueError(f"search_width must be a non-negative int, got {search_width!r}")
+    p = min(k + search_width, n)
+    basis_cap = _default_basis(p, n, max_basis)
+    maxiter = maxiter or 1000
+    gen = _generator(random_state, "cpu")
+    dtype, device = A.dtype, A.device
+
+    def start(width, basis):
+        return _extend(torch.randn(n, width, generator=gen, dtype=dtype).to(device), basis, gen)
+
+    info = KrylovInfo(reason="maxiter")
+    Q = torch.empty(n, 0, dtype=dtype, device=device)
+    AQ = torch.empty_like(Q)
+    block = start(p, Q)
+    while True:
+        A_block = A.matmul_nograd(block)
+        info.matvecs += 1
+        info.iterations += 1
+        Q, AQ = torch.cat([Q, block], 1), torch.cat([AQ, A_block], 1)
+        H = Q.T @ AQ
+        theta, Y = torch.linalg.eigh((H + H.T) / 2)
+        order = torch.argsort(theta if which == "LA" else theta.abs(), descending=True)
+        theta, Y = theta[order], Y[:, order]
+        vectors = Q @ Y[:, :k]
+        residuals = (AQ @ Y[:, :k] - vectors * theta[:k]).norm(dim=0)
+        scale = theta.abs().max().clamp_min(torch.finfo(dtype).tiny)
+        full = Q.shape[1] >= n
+        if bool((residuals <= rtol * scale).all()) or full:
+            info.converged, info.reason = True, "converged"
+            break
+        if info.iterations >= maxiter:
+            break
+        W = A_block - Q @ (Q.T @ A_block)
+        if Q.shape[1] + p > basis_cap:  # thick restart from the leading Ritz vectors
+            keep = basis_cap // 2
+            Q, AQ = Q @ Y[:, :keep], AQ @ Y[:, :keep]
+        width = min(p, n - Q.shape[1])
+        block = _extend(W[:, :width], Q, gen)
+    info.residuals = residuals
+    info.column_converged = residuals <= rtol * scale if not full else torch.ones_like(residuals, dtype=torch.bool)
+    return theta[:k], vectors * fix_signs(vectors), info
+
+
+# ---------------------------------------------------------- Golub-Kahan
+def golub_kahan_svds(A, k: int, *, search_width: int = 10, rtol: float = 1e-8, maxiter: int | None = None,
+                     max_basis: int | None = None, random_state: int = 0):
+    """Leading ``k`` singular triplets of a rectangular source by block Golub-Kahan-Lanczos.
+
+    Right blocks ``V_j`` and left blocks ``U_j = orth(A V_j)`` are both fully
+    reorthogonalized; ``U^T A V`` is the projected matrix and its SVD gives the
+    Ritz triplets. A triplet is accepted when
+    ``sqrt(||A v - s u||^2 + ||A^T u - s v||^2) <= rtol * s_max``.
+    Returns ``(singular_values (k,), left (m, k), right (n, k), info)`` with the
+    largest-magnitude entry of each left vector positive.
+    """
+    A = as_source(A)
+    m, n = A.shape
+    _check_rank(k, min(m, n))
+    _check_tolerances(rtol, 0.0, maxiter)
+    if not isinstance(search_width, int) or search_width < 0:
+        raise ValueError(f"search_width must be a non-negative int, got {search_width!r}")
+    p = min(k + search_width, m, n)
+    basis_cap = _default_basis(p, n, max_basis)
+    maxiter = maxiter or 1000
+    gen = _generator(random_state, "cpu")
+    dtype, device = A.dtype, A.device
+
+    info = KrylovInfo(reason="maxiter")
+    V = torch.empty(n, 0, dtype=dtype, device=device)
+    U = torch.empty(m, 0, dtype=dtype, device=device)
+    AV, AtU = torch.empty_like(U), torch.empty_like(V)
+    V_block = _extend(torch.randn(n, p, generator=gen, dtype=dtype).to(device), V, gen)
+    while True:
+        AV_block = A.matmul_nograd(V_block)
+        U_block = _extend(AV_block[:, :min(p, m - U.shape[1])], U, gen)  # empty once U spans R^m
+        AtU_block = A.rmatmul_nograd(U_block)
+        info.matvecs += 2
+        info.iterations += 1
+        V, AV = torch.cat([V, V_block], 1), torch.cat([AV, AV_block], 1)
+        U, AtU = torch.cat([U, U_block], 1), torch.cat([AtU, AtU_block], 1)
+        Y, s, Zt = torch.linalg.svd(U.T @ AV, full_matrices=False)
+        Z = Zt.T
+        left, right = U @ Y[:, :k], V @ Z[:, :k]
+        residuals = torch.sqrt((AV @ Z[:, :k] - left * s[:k]).square().sum(0)
+                               + (AtU @ Y[:, :k] - right * s[:k]).square().sum(0))
+        scale = s[0].clamp_min(torch.finfo(dtype).tiny)
+        full = V.shape[1] >= n
+        if bool((residuals <= rtol * scale).all()) or full:
+            info.converged, info.reason = True, "converged"
+            break
+        if info.iterations >= maxiter:
+            break
+        # Only the newest A^T U block reaches outside span(V); once U is full, use the Ritz images.
+        grow = AtU_block if AtU_block.shape[1] == p else AtU @ Y[:, :p]
+        W = grow - V @ (V.T @ grow)
+        if V.shape[1] + p > basis_cap:  # thick restart: A V' = U' diag(s') holds exactly
+            keep = min(basis_cap // 2, Y.shape[1])
+            V, AV = V @ Z[:, :keep], AV @ Z[:, :keep]
+            U, AtU = U @ Y[:, :keep], AtU @ Y[:, :keep]
+        width = min(p, n - V.shape[1])
+        V_block = _extend(W[:, :width], V, gen)
+    info.residuals = residuals
+    info.column_converged = residuals <= rtol * scale if not full else torch.ones_like(residuals, dtype=torch.bool)
+    signs = fix_signs(left)
+    return s[:k], left * signs, right * signs, info
