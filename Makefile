@@ -11,8 +11,8 @@ export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q -e ".[test,compare]"
+	$(PY) -m pip install -q --no-compile "$(TORCH_PIN)"
+	$(PY) -m pip install -q --no-compile -e ".[test,compare]"
 	touch $@
 
 venv: $(VENV)/.installed

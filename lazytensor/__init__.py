@@ -1,0 +1,11 @@
+"""lazytensor: symbolic formulas over i/j-indexed variables, streamed as tile kernels.
+
+    from lazytensor import Vi, Vj, Pm
+    K = (-Pm(g) * Vi(x).sqdist(Vj(y))).exp()      # symbolic N x M kernel
+    out = K @ b                                     # streamed: never N x M in memory
+"""
+from .formula import LazyTensor, Pm, Vi, Vj, lazy, where
+from .parse import formula
+from .engine import stream
+
+__all__ = ["LazyTensor", "Vi", "Vj", "Pm", "lazy", "where", "formula", "stream"]

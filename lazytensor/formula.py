@@ -1,0 +1,434 @@
+"""LazyTensor: the user-facing formula object.
+
+``Vi(x)`` / ``Vj(y)`` / ``Pm(p)`` wrap tensors as i-indexed, j-indexed and
+parameter variables; arithmetic on them builds IR (nothing is computed);
+a reduction over i or j runs the streamed engine and returns a tensor.
+KeOps users can write ``LazyTensor(x[:, None, :])`` and
+``LazyTensor(y[None, :, :])`` instead.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import sympy
+import torch
+
+from . import autograd, engine, ir
+
+Number = Union[int, float]
+
+
+class LazyTensor:
+    """A symbolic (B,) N x M x D array; see the module docstring."""
+
+    __array_priority__ = 1000  # make `tensor * lazy` dispatch to us
+
+    def __init__(self, x, axis: str | None = None):
+        if isinstance(x, LazyTensor):
+            self.expr, self.variables = x.expr, x.variables
+            return
+        if isinstance(x, (int, float)):
+            self.expr, self.variables = sympy.Float(x) if isinstance(x, float) else sympy.Integer(x), {}
+            return
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"LazyTensor expects a torch.Tensor, a number or a LazyTensor, got {type(x).__name__}")
+        if axis is None:
+            x, axis = _keops_layout(x)
+        sym = ir.new_variable_symbol()
+        tensor, batched = _normalize(x, axis)
+        self.expr = sym
+        self.variables = {sym: _Variable(axis, tensor, batched)}
+
+    # -- construction -------------------------------------------------------
+    @classmethod
+    def _build(cls, expr: sympy.Expr, *parents: "LazyTensor") -> "LazyTensor":
+        out = cls.__new__(cls)
+        out.variables = {}
+        for p in parents:
+            out.variables.update(p.variables)
+        out.expr = expr
+        ir.feature_dim(expr, out.info)  # raises on feature sizes that do not broadcast
+        return out
+
+    @property
+    def info(self) -> dict[sympy.Symbol, ir.VarInfo]:
+        return {s: ir.VarInfo(v.axis, v.tensor.shape[-1]) for s, v in self.variables.items()}
+
+    @property
+    def ndim_features(self) -> int:
+        """Feature size of the formula (KeOps calls it ``ndim``)."""
+        return ir.feature_dim(self.expr, self.info)
+
+    ndim = ndim_features
+
+    def _unary(self, fn) -> "LazyTensor":
+        return LazyTensor._build(fn(self.expr), self)
+
+    def _binary(self, other, fn, reverse: bool = False) -> "LazyTensor":
+        other = as_lazy(other)
+        a, b = (other, self) if reverse else (self, other)
+        return LazyTensor._build(fn(a.expr, b.expr), a, b)
+
+    # -- arithmetic ---------------------------------------------------------
+    def __add__(self, o):
+        return self._binary(o, lambda a, b: a + b)
+
+    def __radd__(self, o):
+        return self._binary(o, lambda a, b: a + b, reverse=True)
+
+    def __sub__(self, o):
+        return self._binary(o, lambda a, b: a - b)
+
+    def __rsub__(self, o):
+        return self._binary(o, lambda a, b: a - b, reverse=True)
+
+    def __mul__(self, o):
+        return self._binary(o, lambda a, b: a * b)
+
+    def __rmul__(self, o):
+        return self._binary(o, lambda a, b: a * b, reverse=True)
+
+    def __truediv__(self, o):
+        return self._binary(o, lambda a, b: a / b)
+
+    def __rtruediv__(self, o):
+        return self._binary(o, lambda a, b: a / b, reverse=True)
+
+    def __pow__(self, o):
+        if isinstance(o, float) and o.is_integer():
+            o = int(o)
+        if isinstance(o, float):
+            o = sympy.nsimplify(o) if abs(o * 2 - round(o * 2)) < 1e-12 else o
+        return self._binary(o, lambda a, b: a**b)
+
+    def __rpow__(self, o):
+        return self._binary(o, lambda a, b: a**b, reverse=True)
+
+    def __neg__(self):
+        return self._unary(lambda a: -a)
+
+    def __abs__(self):
+        return self.abs()
+
+    def __or__(self, o):
+        """``x | y``: the dot product over features (feature size 1)."""
+        return self._binary(o, lambda a, b: ir.FSum(a * b))
+
+    def __lt__(self, o):
+        return self._binary(o, sympy.StrictLessThan)
+
+    def __le__(self, o):
+        return self._binary(o, sympy.LessThan)
+
+    def __gt__(self, o):
+        return self._binary(o, sympy.StrictGreaterThan)
+
+    def __ge__(self, o):
+        return self._binary(o, sympy.GreaterThan)
+
+    __hash__ = object.__hash__
+
+    def exp(self):
+        return self._unary(sympy.exp)
+
+    def log(self):
+        return self._unary(sympy.log)
+
+    def sqrt(self):
+        return self._unary(sympy.sqrt)
+
+    def rsqrt(self):
+        return self._unary(lambda a: 1 / sympy.sqrt(a))
+
+    def abs(self):
+        return self._unary(sympy.Abs)
+
+    def sin(self):
+        return self._unary(sympy.sin)
+
+    def cos(self):
+        return self._unary(sympy.cos)
+
+    def tanh(self):
+        return self._unary(sympy.tanh)
+
+    def sigmoid(self):
+        return self._unary(ir.Sigmoid)
+
+    def relu(self):
+        return self._unary(ir.Relu)
+
+    def square(self):
+        return self._unary(lambda a: a**2)
+
+    def sign(self):
+        return self._unary(sympy.sign)
+
+    def clamp(self, low: Number, high: Number):
+        if not (isinstance(low, (int, float)) and isinstance(high, (int, float))) or low > high:
+            raise ValueError(f"clamp expects numeric bounds low <= high, got low={low!r}, high={high!r}")
+        return self._unary(lambda a: ir.Clamp(a, sympy.Float(low), sympy.Float(high)))
+
+    # -- feature contractions ----------------------------------------------
+    def sqnorm2(self):
+        return self._unary(lambda a: ir.FSum(a**2))
+
+    def norm2(self):
+        return self._unary(lambda a: sympy.sqrt(ir.FSum(a**2)))
+
+    def sqdist(self, o):
+        return self._binary(o, lambda a, b: ir.FSum((a - b) ** 2))
+
+    def dot(self, o):
+        return self | o
+
+    def weightedsqnorm(self, w):
+        return self._binary(w, lambda a, b: ir.FSum(b * a**2))
+
+    # -- reductions -----------------------------------------------------------
+    def sum(self, dim=1, *, backend: str = "auto", chunk_size=None):
+        """Sum over j (dim=1 / "j"), over i (dim=0 / "i"), or over features (dim=-1)."""
+        if dim in (-1, 2, "features"):
+            return self._unary(ir.FSum)
+        return self._reduce("sum", dim, backend=backend, chunk_size=chunk_size)
+
+    sum_reduction = sum
+
+    def logsumexp(self, dim=1, *, backend: str = "auto", chunk_size=None):
+        return self._reduce("lse", dim, backend=backend, chunk_size=chunk_size)
+
+    logsumexp_reduction = logsumexp
+
+    def softmax_weighted_sum(self, values, dim=1, *, backend: str = "auto", chunk_size=None):
+        """sum_j softmax_j(F_ij) * values_j (values: LazyTensor or dense (M, E) tensor)."""
+        axis = _axis(dim)
+        if isinstance(values, torch.Tensor):
+            values = LazyTensor(values, "j" if axis == "j" else "i")
+        values = as_lazy(values)
+        return self._reduce("softmax", dim, values=values, backend=backend, chunk_size=chunk_size)[0]
+
+    sumsoftmaxweight = softmax_weighted_sum
+
+    def min_argmin(self, dim=1, *, backend: str = "auto", chunk_size=None):
+        return self._reduce("argmin", dim, backend=backend, chunk_size=chunk_size)
+
+    def min(self, dim=1, **kw):
+        return self.min_argmin(dim, **kw)[0]
+
+    def argmin(self, dim=1, **kw):
+        return self.min_argmin(dim, **kw)[1]
+
+    def max_argmax(self, dim=1, *, backend: str = "auto", chunk_size=None):
+        return self._reduce("argmin", dim, sign=-1, backend=backend, chunk_size=chunk_size)
+
+    def max(self, dim=1, **kw):
+        return self.max_argmax(dim, **kw)[0]
+
+    def argmax(self, dim=1, **kw):
+        return self.max_argmax(dim, **kw)[1]
+
+    def kmin_argkmin(self, k: int, dim=1, *, backend: str = "auto", chunk_size=None):
+        """The k smallest values over the axis and their indices, ascending; (N, k) when C == 1."""
+        return self._reduce("kmin", dim, k=k, backend=backend, chunk_size=chunk_size)
+
+    def kmin(self, k: int, dim=1, **kw):
+        return self.kmin_argkmin(k, dim, **kw)[0]
+
+    def argkmin(self, k: int, dim=1, **kw):
+        return self.kmin_argkmin(k, dim, **kw)[1]
+
+    Kmin, argKmin, Kmin_argKmin = kmin, argkmin, kmin_argkmin
+
+    def quantile(self, q, dim=1, *, backend: str = "auto", chunk_size=None):
+        """Exact q-quantile over the axis with torch.quantile's linear interpolation."""
+        from .quantile import streamed_quantile
+
+        axis = _axis(dim)
+        problem = self.problem(axis)
+        return _unbatch(streamed_quantile(self.expr, problem, q, backend=backend, chunk_size=chunk_size), self._batched)
+
+    def matmul(self, b: torch.Tensor, **kw):
+        """K @ b for a scalar formula K_ij and a dense (M, C) (or (B, M, C)) tensor."""
+        if not isinstance(b, torch.Tensor):
+            raise TypeError(f"matmul expects a dense torch.Tensor b, got {type(b).__name__}")
+        return (self * LazyTensor(b, "j")).sum(1, **kw)
+
+    __matmul__ = matmul
+
+    # -- running ------------------------------------------------------------
+    @property
+    def _batched(self) -> bool:
+        return any(v.batched for v in self.variables.values())
+
+    def problem(self, axis: str) -> engine.Problem:
+        """The engine problem reducing over ``axis`` (variables validated)."""
+        _check_variables(self.variables)
+        info = self.info
+        if not any(v.axis == axis for v in info.values()):
+            raise ValueError(f"cannot reduce over {axis!r}: the formula has no {axis}-indexed variable")
+        other = "i" if axis == "j" else "j"
+        if not any(v.axis == other for v in info.values()):
+            raise ValueError(f"the formula has no {other}-indexed variable to index the result")
+        problem = engine.Problem(info, {s: v.tensor for s, v in self.variables.items()})
+        return problem.swapped() if axis == "i" else problem
+
+    def _reduce(self, kind: str, dim, *, values: "LazyTensor | None" = None, k: int = 1, sign: int = 1, backend, chunk_size):
+        axis = _axis(dim)
+        source = self if values is None else LazyTensor._build(self.expr, self, values)
+        if kind == "kmin":
+            if not isinstance(k, int) or k < 1:
+                raise ValueError(f"k must be a positive integer, got {k!r}")
+        problem = source.problem(axis)
+        if kind == "kmin" and k > problem.size("j"):
+            raise ValueError(f"k={k} is larger than the {problem.size('j')} entries reduced over")
+        reduction = autograd.Reduction(
+            kind, self.expr, values.expr if values is not None else None, k, sign, backend, chunk_size
+        )
+        out = autograd.StreamedReduction.apply(reduction, problem, *[problem.tensors[s] for s in problem.order])
+        outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+        if kind == "kmin":
+            outs = tuple(o.squeeze(-1) if o.shape[-1] == 1 else o for o in outs)
+        outs = tuple(_unbatch(o, source._batched) for o in outs)
+        return outs[0] if len(outs) == 1 else outs
+
+    def __repr__(self) -> str:
+        axes = {s: v.axis for s, v in self.variables.items()}
+        return f"LazyTensor({self.expr}, variables={axes})"
+
+    def __bool__(self):
+        raise TypeError("a LazyTensor has no truth value; reduce it first")
+
+
+class _Variable:
+    """A variable's axis, normalized tensor, and whether it came with a batch dim.
+
+    ``follows_dtype`` marks parameters made from Python numbers: they take the
+    dtype and device of the other variables when the formula runs.
+    """
+
+    __slots__ = ("axis", "tensor", "batched", "follows_dtype")
+
+    def __init__(self, axis: str, tensor: torch.Tensor, batched: bool, follows_dtype: bool = False):
+        self.axis, self.tensor, self.batched, self.follows_dtype = axis, tensor, batched, follows_dtype
+
+
+def _keops_layout(x: torch.Tensor):
+    """Read the axis from KeOps-style singleton dims: (N,1,D) -> i, (1,M,D) -> j."""
+    if x.dim() in (3, 4):
+        if x.shape[-2] == 1 and x.shape[-3] != 1:
+            return x.squeeze(-2), "i"
+        if x.shape[-3] == 1:
+            return x.squeeze(-3), "j"
+        raise ValueError(
+            f"cannot tell the axis of a tensor of shape {tuple(x.shape)}: use x[:, None, :] for i, y[None, :, :] for j, or Vi/Vj"
+        )
+    if x.dim() <= 1:
+        return x, "p"
+    raise ValueError(f"cannot tell the axis of a {x.dim()}-D tensor: use Vi(x), Vj(y) or Pm(p)")
+
+
+def _normalize(x: torch.Tensor, axis: str):
+    """i/j variables become (B, N, D); parameters become (D,)."""
+    if axis not in ir.AXES:
+        raise ValueError(f"axis must be 'i', 'j' or 'p', got {axis!r}")
+    if not x.is_floating_point():
+        raise TypeError(f"variables must be floating-point tensors, got dtype {x.dtype}")
+    if axis == "p":
+        if x.dim() > 1:
+            raise ValueError(f"a parameter must be a scalar or a 1-D tensor, got shape {tuple(x.shape)}")
+        return x.reshape(-1), False
+    if x.dim() == 1:
+        return x.reshape(1, -1, 1), False
+    if x.dim() == 2:
+        return x.unsqueeze(0), False
+    if x.dim() == 3:
+        return x, True
+    raise ValueError(f"an {axis}-variable must be (N,), (N, D) or (B, N, D), got shape {tuple(x.shape)}")
+
+
+def _check_variables(variables: dict) -> None:
+    anchor = next((v.tensor for v in variables.values() if not v.follows_dtype), None)
+    if anchor is not None:
+        for v in variables.values():
+            if v.follows_dtype:
+                v.tensor = v.tensor.to(dtype=anchor.dtype, device=anchor.device)
+    tensors = [(s, v.tensor) for s, v in variables.items()]
+    if not tensors:
+        raise ValueError("the formula has no variables")
+    ref_sym, ref = tensors[0]
+    for s, t in tensors[1:]:
+        if t.dtype != ref.dtype:
+            raise TypeError(f"variable dtypes differ: {ref.dtype} and {t.dtype}; convert them to one dtype")
+        if t.device != ref.device:
+            raise ValueError(f"variable devices differ: {ref.device} and {t.device}")
+    batches = {v.tensor.shape[0] for v in variables.values() if v.axis != "p"} - {1}
+    if len(batches) > 1:
+        raise ValueError(f"batch sizes {sorted(batches)} do not broadcast")
+    sizes: dict[str, set] = {"i": set(), "j": set()}
+    for v in variables.values():
+        if v.axis in sizes:
+            sizes[v.axis].add(v.tensor.shape[1])
+    for axis, found in sizes.items():
+        if len(found) > 1:
+            raise ValueError(f"{axis}-variables have different lengths {sorted(found)}")
+        if 0 in found:
+            raise ValueError(f"{axis}-variables are empty")
+
+
+def _axis(dim) -> str:
+    if dim in (1, "j"):
+        return "j"
+    if dim in (0, "i"):
+        return "i"
+    raise ValueError(f"dim must be 0/'i' or 1/'j' for a reduction, got {dim!r}")
+
+
+def _unbatch(t: torch.Tensor, batched: bool) -> torch.Tensor:
+    return t if batched else t.squeeze(0)
+
+
+def as_lazy(x) -> LazyTensor:
+    if isinstance(x, LazyTensor):
+        return x
+    if isinstance(x, (int, float)):
+        return LazyTensor(x)
+    if isinstance(x, torch.Tensor):
+        if x.dim() <= 1:
+            return LazyTensor(x, "p")
+        return LazyTensor(x)
+    if isinstance(x, sympy.Basic) and not x.free_symbols:
+        out = LazyTensor(0)
+        out.expr = x
+        return out
+    raise TypeError(f"cannot combine a LazyTensor with {type(x).__name__}")
+
+
+def lazy(t: torch.Tensor, axis: str) -> LazyTensor:
+    """Wrap ``t`` as an "i"- or "j"-indexed variable ((N, D) or (B, N, D)) or a parameter ("p")."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"lazy expects a torch.Tensor, got {type(t).__name__}")
+    return LazyTensor(t, axis)
+
+
+def Vi(t: torch.Tensor) -> LazyTensor:
+    return lazy(t, "i")
+
+
+def Vj(t: torch.Tensor) -> LazyTensor:
+    return lazy(t, "j")
+
+
+def Pm(t) -> LazyTensor:
+    """A parameter (scalar or (D,) tensor); a Python number follows the formula's dtype."""
+    if isinstance(t, (int, float)):
+        out = lazy(torch.tensor([float(t)]), "p")
+        for v in out.variables.values():
+            v.follows_dtype = True
+        return out
+    return lazy(t, "p")
+
+
+def where(cond: LazyTensor, a, b) -> LazyTensor:
+    """Elementwise choice: ``a`` where ``cond`` holds, else ``b``."""
+    cond, a, b = as_lazy(cond), as_lazy(a), as_lazy(b)
+    return LazyTensor._build(sympy.Piecewise((a.expr, cond.expr), (b.expr, True)), cond, a, b)

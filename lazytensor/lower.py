@@ -1,0 +1,242 @@
+"""Lowering: IR expressions -> the source of one per-tile PyTorch function.
+
+The generated function receives row blocks of the i-variables (B, n, D),
+column blocks of the j-variables (B, m, D), the parameters, and a column mask
+(1, 1, m, 1). Every node evaluates to a tensor that broadcasts to
+(B, n, m, D): i-only nodes keep shape (B, n, 1, D), j-only nodes (B, 1, m, D),
+so nothing is computed on the full tile unless it depends on both indices.
+Feature contractions become matrix products where their structure allows
+(x.y, |x - y|^2 by norm expansion); the elementwise rest is left for
+torch.compile to fuse. The consumers' ``partial`` methods are called at the
+end of the function, so a tile reduction fuses with the formula that feeds it.
+
+Common subexpressions are shared by memoising nodes: sympy expressions are
+hashed structurally, so equal subtrees lower once.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+import sympy
+import torch
+
+from . import ir
+
+# Squared distances with at least this many features use the norm expansion
+# |a|^2 + |b|^2 + 2 a.b (one matrix product); below it the direct difference
+# is both cheaper once fused and free of cancellation for near points.
+EXPANSION_MIN_FEATURES = 8
+
+_UNARY = {
+    sympy.exp: "torch.exp",
+    sympy.log: "torch.log",
+    sympy.sin: "torch.sin",
+    sympy.cos: "torch.cos",
+    sympy.tan: "torch.tan",
+    sympy.tanh: "torch.tanh",
+    sympy.Abs: "torch.abs",
+    sympy.sign: "torch.sign",
+    ir.Sigmoid: "torch.sigmoid",
+    ir.Relu: "torch.relu",
+}
+_RELATIONS = {
+    sympy.StrictLessThan: "<",
+    sympy.LessThan: "<=",
+    sympy.StrictGreaterThan: ">",
+    sympy.GreaterThan: ">=",
+    sympy.Equality: "==",
+    sympy.Unequality: "!=",
+}
+
+
+class UnsupportedFormula(ValueError):
+    """The formula uses a construct the lowering does not know."""
+
+
+class TileSource:
+    """Builds the text of one tile function; ``emit`` returns a local name."""
+
+    def __init__(self, info: dict[sympy.Symbol, ir.VarInfo], order: Sequence[sympy.Symbol]):
+        self.info = info
+        self.lines: list[str] = []
+        self.names: dict[sympy.Expr, str] = {}
+        self._fresh = (f"t{k}" for k in itertools.count())
+        counters = {"i": 0, "j": 0, "p": 0}
+        for sym in order:
+            axis = info[sym].axis
+            slot = counters[axis]
+            counters[axis] += 1
+            name = f"{axis}{slot}"
+            view = {"i": f"I[{slot}].unsqueeze(2)", "j": f"J[{slot}].unsqueeze(1)", "p": f"P[{slot}]"}[axis]
+            self.lines.append(f"{name} = {view}")
+            self.names[sym] = name
+
+    def _assign(self, expr: sympy.Expr, code: str) -> str:
+        name = next(self._fresh)
+        self.lines.append(f"{name} = {code}")
+        self.names[expr] = name
+        return name
+
+    def emit(self, expr: sympy.Expr) -> str:
+        if expr in self.names:
+            return self.names[expr]
+        if not expr.free_symbols:
+            if expr in (sympy.true, sympy.false):
+                return repr(bool(expr))
+            value = complex(expr.evalf())
+            if value.imag != 0:
+                raise UnsupportedFormula(f"constant {expr} is not real")
+            return repr(float(value.real))
+        return self._assign(expr, self._code(expr))
+
+    def _code(self, e: sympy.Expr) -> str:  # noqa: C901 - one dispatch table
+        if isinstance(e, sympy.Add):
+            return " + ".join(self.emit(a) for a in e.args)
+        if isinstance(e, sympy.Mul):
+            return " * ".join(self.emit(a) for a in e.args)
+        if isinstance(e, sympy.Pow):
+            return self._pow(*e.args)
+        if isinstance(e, ir.FSum):
+            return self._fsum(e.args[0])
+        for func, torch_name in _UNARY.items():
+            if isinstance(e, func):
+                return f"{torch_name}({self.emit(e.args[0])})"
+        if isinstance(e, (ir.Step, sympy.Heaviside)):
+            a = self.emit(e.args[0])
+            half = float(e.args[1]) if len(e.args) > 1 else 0.0
+            return f"torch.where({a} > 0, 1.0, torch.where({a} == 0, {half}, 0.0)).to({a}.dtype)"
+        if isinstance(e, sympy.DiracDelta):
+            return f"torch.zeros_like({self.emit(e.args[0])})"
+        if isinstance(e, ir.Clamp):
+            a, lo, hi = (self.emit(x) for x in e.args)
+            return f"torch.clamp({a}, {lo}, {hi})"
+        if isinstance(e, ir.InRange):
+            a, lo, hi = (self.emit(x) for x in e.args)
+            return f"(({a} >= {lo}) & ({a} <= {hi})).to({a}.dtype)"
+        if isinstance(e, (sympy.Max, sympy.Min)):
+            fn = "torch.maximum" if isinstance(e, sympy.Max) else "torch.minimum"
+            code = self._tensor(e.args[0])
+            for a in e.args[1:]:
+                code = f"{fn}({code}, {self._tensor(a)})"
+            return code
+        if isinstance(e, sympy.Piecewise):
+            *cases, (last, last_cond) = e.args
+            if last_cond != sympy.true:
+                raise UnsupportedFormula(f"piecewise without a default branch: {e}")
+            code = self._tensor(last)
+            for value, cond in reversed(cases):
+                code = f"torch.where({self.emit(cond)}, {self._tensor(value)}, {code})"
+            return code
+        for rel, op in _RELATIONS.items():
+            if isinstance(e, rel):
+                return f"({self.emit(e.lhs)} {op} {self.emit(e.rhs)})"
+        if isinstance(e, sympy.And):
+            return " & ".join(f"({self.emit(a)})" for a in e.args)
+        if isinstance(e, sympy.Or):
+            return " | ".join(f"({self.emit(a)})" for a in e.args)
+        if isinstance(e, sympy.Not):
+            return f"~({self.emit(e.args[0])})"
+        raise UnsupportedFormula(f"cannot lower {type(e).__name__}: {e}")
+
+    def _tensor(self, e: sympy.Expr) -> str:
+        """A node as a tensor even when it is a constant (for where/maximum)."""
+        name = self.emit(e)
+        return name if e.free_symbols else f"torch.tensor({name})"
+
+    def _pow(self, base: sympy.Expr, exp: sympy.Expr) -> str:
+        b = self.emit(base)
+        if exp.is_Number:
+            special = {
+                2: f"torch.square({b})",
+                -1: f"torch.reciprocal({b})",
+                sympy.Rational(1, 2): f"torch.sqrt({b})",
+                sympy.Rational(-1, 2): f"torch.rsqrt({b})",
+                -2: f"torch.reciprocal(torch.square({b}))",
+                sympy.Rational(3, 2): f"({b} * torch.sqrt({b}))",
+                sympy.Rational(-3, 2): f"(torch.rsqrt({b}) / {b})",
+            }
+            if exp in special:
+                return special[exp]
+            if exp.is_Integer:
+                return f"({b} ** {int(exp)})"
+            return f"torch.pow({b}, {float(exp)})"
+        return f"torch.pow({self._tensor(base)}, {self.emit(exp)})"
+
+    # -- feature contractions -------------------------------------------------
+    def _fsum(self, arg: sympy.Expr) -> str:
+        if ir.axes_of(arg, self.info) != {"i", "j"}:
+            return f"{self.emit(arg)}.sum(-1, keepdim=True)"
+        if isinstance(arg, sympy.Add):  # linearity: contract each term on its own
+            return " + ".join(self.emit(ir.FSum(t)) for t in arg.args)
+        if isinstance(arg, sympy.Mul):
+            left, mixed, right = ir.split_product(arg, self.info)
+            if mixed == 1:
+                return self._dot(left, right)
+        if isinstance(arg, sympy.Pow) and arg.exp == 2 and isinstance(arg.base, sympy.Add):
+            if ir.feature_dim(arg, self.info) >= EXPANSION_MIN_FEATURES:
+                sides = self._split_sum(arg.base)
+                if sides is not None:
+                    return self._sqdist(*sides)
+        return f"{self.emit(arg)}.sum(-1, keepdim=True)"
+
+    def _split_sum(self, base: sympy.Add):
+        left, right = [], []
+        for term in base.args:
+            axes = ir.axes_of(term, self.info)
+            if axes == {"i", "j"}:
+                return None
+            (right if axes == {"j"} else left).append(term)
+        return sympy.Add(*left), sympy.Add(*right)
+
+    def _rows(self, expr: sympy.Expr, width: int) -> str:
+        """An i-side node as (B, n, D) and a j-side node as (B, m, D)."""
+        name = self.emit(expr)
+        axes = ir.axes_of(expr, self.info)
+        if "j" in axes:
+            code = f"{name}[:, 0]"
+        elif "i" in axes:
+            code = f"{name}[:, :, 0]"
+        else:
+            raise UnsupportedFormula(f"{expr} has no indexed variable")
+        if ir.feature_dim(expr, self.info) == 1 and width > 1:
+            code = f"{code}.expand(-1, -1, {width})"
+        return code
+
+    def _dot(self, left: sympy.Expr, right: sympy.Expr) -> str:
+        width = max(ir.feature_dim(left, self.info), ir.feature_dim(right, self.info))
+        a, b = self._rows(left, width), self._rows(right, width)
+        return f"torch.matmul({a}, {b}.transpose(-1, -2)).unsqueeze(-1)"
+
+    def _sqdist(self, left: sympy.Expr, right: sympy.Expr) -> str:
+        width = max(ir.feature_dim(left, self.info), ir.feature_dim(right, self.info))
+        a, b = self.emit(left), self.emit(right)
+        cross = f"torch.matmul({self._rows(left, width)}, {self._rows(right, width)}.transpose(-1, -2)).unsqueeze(-1)"
+        sq_a = f"torch.square({a}).sum(-1, keepdim=True)"
+        sq_b = f"torch.square({b}).sum(-1, keepdim=True)"
+        if ir.feature_dim(left, self.info) < width:
+            sq_a = f"({width} * {sq_a})"
+        if ir.feature_dim(right, self.info) < width:
+            sq_b = f"({width} * {sq_b})"
+        return f"({sq_a} + {sq_b} + 2.0 * {cross}).clamp_min(0.0)"
+
+
+def tile_function_source(consumers, info, order) -> str:
+    """Text of ``tile(I, J, P, mask)`` returning every consumer's partial."""
+    src = TileSource(info, order)
+    outputs = []
+    for k, consumer in enumerate(consumers):
+        values = [src.emit(e) for e in consumer.expressions]
+        src.lines.append(f"c{k} = C{k}.partial([{', '.join(values)}], mask)")
+        outputs.append(f"c{k}")
+    body = "\n".join("    " + line for line in src.lines)
+    return f"def tile(I, J, P, mask):\n{body}\n    return ({', '.join(outputs)},)\n"
+
+
+def build_tile_function(consumers, info, order, label: str):
+    source = tile_function_source(consumers, info, order)
+    namespace = {"torch": torch, **{f"C{k}": c for k, c in enumerate(consumers)}}
+    exec(compile(source, f"<lazytensor:{label}>", "exec"), namespace)
+    fn = namespace["tile"]
+    fn.source = source
+    return fn

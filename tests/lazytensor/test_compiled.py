@@ -1,0 +1,80 @@
+"""The compiled path: every lowering rule and every reduction through torch.compile once.
+
+Kernels are cached per process, so these tests share them; they use float32
+tiles on small ragged sizes (padding and masks are exercised).
+"""
+import warnings
+
+import pytest
+import torch
+
+import lazytensor as lt
+from lazytensor import kernels
+from .dense import dense_reduce, pm, vi, vj
+from .test_reductions import check
+
+TOL = dict(rtol=2e-4, atol=2e-4)
+
+
+def test_every_lowering_rule_compiled_values_and_grads():
+    x = (torch.rand(37, 9) + 0.5).requires_grad_()
+    y = (torch.rand(21, 9) + 0.5).requires_grad_()
+    z = torch.randn(37, 2, requires_grad=True)
+    w = torch.randn(21, 2, requires_grad=True)
+    p = torch.tensor([0.3], requires_grad=True)
+    X, Y, Z, W, P = vi(x), vj(y), vi(z), vj(w), pm(p)
+    zw = Z - W
+    f = (
+        (-(P * X.sqdist(Y))).unary("exp") * W  # norm expansion (9 features) + mm consumer
+        + (zw.sqdist(Z * 0.0)).unary("sqrt")  # direct difference (2 features)
+        + X.dot(Y).unary("log") + zw.unary("tanh") + zw.unary("sigmoid", torch.sigmoid) + zw.unary("relu", torch.relu)
+        + zw.unary("abs") + zw.unary("sin") * zw.unary("cos") + (X * Y).unary("rsqrt", torch.rsqrt).sqdist(Y * 0.0) / 9.0
+        + zw.unary("square")
+    )
+    lazy = f.lazy + lt.where(zw.lazy > 0, zw.lazy.clamp(-0.2, 0.4), zw.lazy ** 3)
+    d = zw.dense()
+    ref = dense_reduce(f.dense() + torch.where(d > 0, d.clamp(-0.2, 0.4), d**3), "sum", "j", False)
+    out = lazy.sum(1, backend="compiled", chunk_size=(16, 8))
+    torch.testing.assert_close(out, ref, **TOL)
+    g = torch.randn_like(ref)
+    gl = torch.autograd.grad((out * g).sum(), [x, y, z, w, p])
+    gd = torch.autograd.grad((ref * g).sum(), [x, y, z, w, p])
+    for a, b in zip(gl, gd):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["lse", "min", "kmin", "softmax"])
+def test_every_reduction_compiled(kind):
+    check(kind, "j", 19, 27, torch.float32, chunk=(8, 16), backend="compiled")
+
+
+def test_new_sizes_reuse_the_kernel():
+    def run(n, m):
+        x, y = torch.randn(n, 3), torch.randn(m, 3)
+        b = torch.randn(m, 4)
+        return ((-lt.Vi(x).sqdist(lt.Vj(y))).exp() * lt.Vj(b)).sum(1, backend="compiled", chunk_size=(16, 32))
+
+    run(40, 70)
+    before = kernels.cache_size()
+    out = run(45, 93)
+    assert kernels.cache_size() == before
+    assert out.shape == (45, 4)
+
+
+def test_compile_failure_falls_back_with_one_warning(monkeypatch):
+    def broken(fn, **kwargs):
+        def run(*args):
+            raise RuntimeError("no compiler here")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    x, y = torch.randn(5, 2), torch.randn(6, 2)
+    f = lt.Vi(x).sqdist(lt.Vj(y)) * 1.2345  # a formula no other test compiles
+    with pytest.warns(kernels.CompileFallbackWarning):
+        out = f.sum(1, backend="compiled")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out2 = f.sum(1, backend="compiled")
+    ref = (torch.cdist(x, y) ** 2 * 1.2345).sum(1, keepdim=True)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(out2, ref)
