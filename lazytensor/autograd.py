@@ -129,7 +129,7 @@ def _streamed_vjp(reduction, problem, wanted, grad, outs):
         syms = [s for s in wanted if problem.info[s].axis == axis or (axis == "i" and problem.info[s].axis == "p")]
         if not syms:
             continue
-        consumers = [reductions.Sum(formulas[s], prob.info) for s in syms]
+        consumers = [reductions.Sum(formulas[s], prob.info, problem.info[s].dim) for s in syms]
         outs_ = engine.stream(prob, consumers, backend=reduction.backend, chunk_size=reduction.chunk_size)
         for s, (g,) in zip(syms, outs_):
             result[s] = _reduce_grad(g, problem.tensors[s], problem.info[s].axis)
@@ -168,7 +168,7 @@ def _selected_pairs_vjp(reduction, problem, wanted, grad, index):
     info[dummy], tensors[dummy] = ir.VarInfo("j", 1), grad.new_zeros(1, 1, 1)
     pairs = engine.Problem(info, tensors, problem.order + [g, dummy])
     formulas = ir.vjp([(reduction.expr, g)], wanted, info)
-    consumers = [reductions.Sum(formulas[s], info) for s in wanted]
+    consumers = [reductions.Sum(formulas[s], info, info[s].dim) for s in wanted]
     outs = engine.stream(pairs, consumers, backend="eager", chunk_size=None)
     result = {}
     for s, (contrib,) in zip(wanted, outs):

@@ -153,7 +153,7 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
             c1 = min(c0 + plan.cols, m)
             cwidth = plan.cols if compiled else c1 - c0
             cols = [_block(problem.tensors[s], c0, c1, cwidth) for s in j_syms]
-            mask = (torch.arange(cwidth, device=device) < (c1 - c0)).view(1, 1, cwidth, 1)
+            mask = (torch.arange(cwidth, device=device) < (c1 - c0)).to(problem.dtype).view(1, 1, cwidth, 1)
             partials = kernel(rows, cols, params, mask)
             states = [c.combine(st, p, c0) for c, st, p in zip(consumers, states, partials)]
         for k, c in enumerate(consumers):

@@ -62,12 +62,12 @@ class LazyTensor:
     ndim = ndim_features
 
     def _unary(self, fn) -> "LazyTensor":
-        return LazyTensor._build(fn(self.expr), self)
+        return LazyTensor._build(fn(_numeric(self.expr)), self)
 
     def _binary(self, other, fn, reverse: bool = False) -> "LazyTensor":
         other = as_lazy(other)
         a, b = (other, self) if reverse else (self, other)
-        return LazyTensor._build(fn(a.expr, b.expr), a, b)
+        return LazyTensor._build(fn(_numeric(a.expr), _numeric(b.expr)), a, b)
 
     # -- arithmetic ---------------------------------------------------------
     def __add__(self, o):
@@ -297,6 +297,13 @@ class LazyTensor:
 
     def __bool__(self):
         raise TypeError("a LazyTensor has no truth value; reduce it first")
+
+
+def _numeric(expr: sympy.Expr) -> sympy.Expr:
+    """A comparison used in arithmetic counts as 1 where it holds, else 0."""
+    if isinstance(expr, (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction)):
+        return sympy.Piecewise((sympy.Integer(1), expr), (sympy.Integer(0), True))
+    return expr
 
 
 class _Variable:

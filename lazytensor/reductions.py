@@ -22,8 +22,11 @@ from . import ir
 
 
 def _cols(t: torch.Tensor, mask: torch.Tensor, fill: float) -> torch.Tensor:
-    """Broadcast a lowered value to the full tile with padded columns filled."""
-    return torch.where(mask, t, fill)
+    """Broadcast a lowered value to the full tile with padded columns filled.
+
+    ``mask`` is (1, 1, m, 1) in the problem's dtype: 1 for real columns, 0 for padding.
+    """
+    return torch.where(mask > 0, t, fill)
 
 
 def _rows(t):
@@ -47,8 +50,9 @@ class Consumer:
 class Sum(Consumer):
     """sum_j F, written as sum of A_i * (S_ij @ W_j) terms when F allows it."""
 
-    def __init__(self, expr: sympy.Expr, info: dict):
-        self.dim = ir.feature_dim(expr, info)
+    def __init__(self, expr: sympy.Expr, info: dict, dim: int | None = None):
+        # ``dim`` widens a feature-size-1 result (e.g. the gradient of x.sum(-1) w.r.t. x)
+        self.dim = dim or ir.feature_dim(expr, info)
         self.terms = []  # (kind, has A, has S, has W) per term
         self.expressions = []
         for a, s, w in ir.sum_terms(expr, info):
@@ -74,7 +78,7 @@ class Sum(Consumer):
             elif "w" in kind:
                 r = _cols(w, mask, 0.0).sum(2)
             else:
-                r = mask.sum(2).to(a.dtype if isinstance(a, torch.Tensor) else torch.get_default_dtype()) * w
+                r = mask.sum(2) * w
             total = total + _rows(a) * r
         return (total,)
 
