@@ -235,8 +235,9 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         return losses
 
     def _score_point(self, point: torch.Tensor, closure) -> float:
-        empty = torch.zeros(0, dtype=torch.long)
-        batch = CandidateBatch(point, [CandidateGroup(empty, point.new_zeros(1, 0), {"incumbent": True})])
+        # A zero change on one coordinate (not an empty block): the plainest case for any evaluator.
+        first = torch.zeros(1, dtype=torch.long)
+        batch = CandidateBatch(point, [CandidateGroup(first, point.new_zeros(1, 1), {"incumbent": True})])
         loss = float(self._score(batch, closure, None)[0])
         if not math.isfinite(loss):
             raise ValueError(f"the objective is not finite at the incumbent ({loss})")
