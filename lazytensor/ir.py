@@ -109,12 +109,20 @@ def axes_of(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]) -> frozenset[st
     return frozenset(info[s].axis for s in expr.free_symbols if info[s].axis != "p")
 
 
-def _local_partials(node: sympy.Expr) -> list[sympy.Expr]:
-    """d node / d arg_k for each argument, by sympy on placeholder symbols."""
-    holders = [sympy.Dummy(f"a{k}", real=True) for k in range(len(node.args))]
+def _local_partial(node: sympy.Expr, k: int) -> sympy.Expr:
+    """d node / d arg_k, by sympy on placeholder symbols."""
+    holders = [sympy.Dummy(f"a{n}", real=True) for n in range(len(node.args))]
     generic = node.func(*holders)
-    subs = dict(zip(holders, node.args))
-    return [sympy.diff(generic, h).xreplace(subs) for h in holders]
+    return sympy.diff(generic, holders[k]).xreplace(dict(zip(holders, node.args)))
+
+
+def _pieces(node: sympy.Piecewise):
+    """Each branch of a Piecewise with the 0/1 indicator of being the branch taken."""
+    earlier = []
+    for value, cond in node.args:
+        taken = [(sympy.Integer(0), c) for c in earlier] + [(sympy.Integer(1), cond), (sympy.Integer(0), True)]
+        yield value, sympy.Piecewise(*taken)
+        earlier.append(cond)
 
 
 def vjp(
@@ -145,10 +153,14 @@ def vjp(
             visit(node.args[0], cot)
             return
         node_dim = feature_dim(node, info)
-        for arg, partial in zip(node.args, _local_partials(node)):
+        if isinstance(node, sympy.Piecewise):  # conditions are locally constant
+            branches = list(_pieces(node))
+        else:
+            branches = [(arg, k) for k, arg in enumerate(node.args)]
+        for arg, how in branches:
             if not (arg.free_symbols & targets):
                 continue
-            arg_cot = cot * partial
+            arg_cot = cot * (how if isinstance(node, sympy.Piecewise) else _local_partial(node, how))
             if node_dim > 1 and feature_dim(arg, info) == 1:
                 arg_cot = FSum(arg_cot)
             visit(arg, arg_cot)
