@@ -1,0 +1,69 @@
+"""Generic models: torch.func forwards with only the changed parameters batched.
+
+``functional_call`` runs the model with some parameters replaced; under
+``vmap`` only the replaced (candidate) tensors carry a batch dimension, so
+every operation that does not depend on them (the prefix before the changed
+site) runs once, unbatched, and only the changed site and what follows it run
+per candidate. When nothing can be vmapped, candidates run one at a time.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+
+def as_args(inputs) -> tuple:
+    return inputs if isinstance(inputs, tuple) else (inputs,)
+
+
+def vmap_forward(model: nn.Module, fixed: dict, varying: dict, inputs) -> torch.Tensor:
+    """Outputs ``(C, ...)`` of the model with ``varying`` tensors (C, *shape) batched."""
+
+    def one(params):
+        return functional_call(model, {**fixed, **params}, as_args(inputs))
+
+    return torch.func.vmap(one)(varying)
+
+
+def sequential_losses(model: nn.Module, fixed: dict, varying: dict, inputs, single_loss) -> torch.Tensor:
+    """One functional forward per candidate; ``single_loss(outputs)`` -> scalar."""
+    count = next(iter(varying.values())).shape[0]
+    losses = []
+    for c in range(count):
+        params = {name: value[c] for name, value in varying.items()}
+        losses.append(single_loss(functional_call(model, {**fixed, **params}, as_args(inputs))))
+    return torch.stack(losses)
+
+
+@contextmanager
+def buffers_restored(model: nn.Module):
+    """Undo in-place buffer updates (e.g. BatchNorm running statistics) made by candidate forwards."""
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buf, value in saved:
+                buf.copy_(value)
+
+
+def activation_numel(model: nn.Module, inputs) -> int:
+    """Elements of every module output in one forward: the activation storage per candidate."""
+    total = 0
+
+    def hook(_module, _args, output):
+        nonlocal total
+        if isinstance(output, torch.Tensor):
+            total += output.numel()
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    try:
+        with torch.no_grad(), buffers_restored(model):
+            model(*as_args(inputs))
+    finally:
+        for h in handles:
+            h.remove()
+    return total

@@ -1,0 +1,82 @@
+"""Where every parameter sits in the flat ``parameters_to_vector`` order.
+
+Evaluators and subspaces both translate between flat coordinates and named
+parameter tensors; this is the one place that knows the offsets.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ParamSlot:
+    """One parameter tensor's place in the flat vector."""
+
+    position: int  # rank in ``model.parameters()`` order
+    name: str
+    shape: torch.Size
+    start: int
+    stop: int
+
+    @property
+    def numel(self) -> int:
+        return self.stop - self.start
+
+
+class ParameterLayout:
+    """Offsets of ``model.named_parameters()`` in ``parameters_to_vector`` order."""
+
+    def __init__(self, model: nn.Module):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        slots, start = [], 0
+        for position, (name, param) in enumerate(model.named_parameters()):
+            slots.append(ParamSlot(position, name, param.shape, start, start + param.numel()))
+            start += param.numel()
+        if not slots:
+            raise ValueError("model has no parameters to evaluate candidates for")
+        self.slots: tuple[ParamSlot, ...] = tuple(slots)
+        self.n = start
+        self.by_name = {slot.name: slot for slot in slots}
+        self._starts = torch.tensor([slot.start for slot in slots])
+
+    def slot_ids(self, flat_index: torch.Tensor) -> torch.Tensor:
+        """Slot position of each flat coordinate."""
+        return torch.searchsorted(self._starts, flat_index.cpu(), right=True) - 1
+
+    def split(self, flat_index: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Group flat coordinates by parameter: slot -> (positions in ``flat_index``, local offsets)."""
+        if flat_index.dim() != 1:
+            raise ValueError(f"flat_index must be 1-D, got shape {tuple(flat_index.shape)}")
+        if flat_index.numel() and (int(flat_index.min()) < 0 or int(flat_index.max()) >= self.n):
+            raise ValueError(f"flat_index must lie in [0, {self.n}); got range [{int(flat_index.min())}, {int(flat_index.max())}]")
+        ids = self.slot_ids(flat_index)
+        out = {}
+        for slot_id in torch.unique(ids).tolist():
+            positions = torch.nonzero(ids == slot_id).flatten().to(flat_index.device)
+            out[slot_id] = (positions, flat_index[positions] - self.slots[slot_id].start)
+        return out
+
+    def views(self, flat: torch.Tensor, names=None) -> dict[str, torch.Tensor]:
+        """Named views of a flat vector ``(n,)`` or a candidate matrix ``(C, n)``."""
+        lead = flat.shape[:-1]
+        slots = self.slots if names is None else [self.by_name[name] for name in names]
+        return {slot.name: flat[..., slot.start : slot.stop].reshape(*lead, *slot.shape) for slot in slots}
+
+    def flatten(self, model: nn.Module) -> torch.Tensor:
+        """The model's current parameters as one detached flat vector."""
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    def check_vector(self, flat: torch.Tensor, argument: str, batched: bool) -> None:
+        """Raise a clear error unless ``flat`` is a floating ``(n,)`` or ``(C, n)`` tensor."""
+        if not isinstance(flat, torch.Tensor):
+            raise TypeError(f"{argument} must be a torch.Tensor, got {type(flat).__name__}")
+        want = 2 if batched else 1
+        if flat.dim() != want or flat.shape[-1] != self.n:
+            shape = "(C, n)" if batched else "(n,)"
+            raise ValueError(f"{argument} must have shape {shape} with n={self.n}, got {tuple(flat.shape)}")
+        if not flat.is_floating_point():
+            raise TypeError(f"{argument} must be floating point, got {flat.dtype}")

@@ -1,0 +1,569 @@
+"""Every evaluation path against naive per-candidate functional_call forwards."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.func import functional_call
+
+import polytope.evaluators.evaluator as evaluator_module
+from polytope.candidates import CandidateBatch, CandidateGroup
+from polytope.evaluators import NNCostEvaluator, contracts_of, parameters_swapped
+from polytope.evaluators.chunking import estimate_chunk, is_out_of_memory
+from polytope.evaluators.deltas import sign_pairs
+from polytope.param_layout import ParameterLayout
+from polytope.subspaces import FactoredSubspace, HybridSubspace
+
+F64 = torch.float64
+
+
+# --------------------------------------------------------------------------- models
+class CustomLinear(nn.Module):
+    """A user linear layer that declares the linear contract."""
+
+    polytope_contracts = frozenset({"linear", "vmap"})
+
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n_out, n_in) / n_in**0.5)
+        self.bias = nn.Parameter(torch.randn(n_out) * 0.1)
+
+    def forward(self, x):
+        return x @ self.weight.T + self.bias
+
+
+class Softsign(nn.Module):
+    polytope_contracts = frozenset({"elementwise", "vmap"})
+
+    def forward(self, x):
+        return x / (1 + x.abs())
+
+
+class Gate(nn.Module):
+    """A custom parametrised layer with no declared contract: site-local vmap."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(width))
+        self.shift = nn.Parameter(torch.randn(width) * 0.1)
+
+    def forward(self, x):
+        return x * torch.sigmoid(self.scale) + self.shift * x.square()
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 3, 3, padding=1)
+        self.conv2 = nn.Conv2d(3, 2, 3)
+        self.head = nn.Linear(2 * 3 * 2, 3)
+
+    def forward(self, x):
+        h = F.relu(self.conv1(x))
+        return self.head(torch.tanh(self.conv2(h)).flatten(1))
+
+
+class TinyAttention(nn.Module):
+    def __init__(self, width=8, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.head = nn.Linear(width, 2)
+
+    def forward(self, x):
+        b, length, width = x.shape
+        q, k, v = (t.reshape(b, length, self.heads, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        attended = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, length, width)
+        return self.head((x + self.proj(attended)).mean(1))
+
+
+def make_case(kind: str, dtype=F64):
+    """(model, inputs, targets, loss_fn, expected structured path)."""
+    torch.manual_seed(1)
+    if kind == "mlp":
+        model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 6), nn.ReLU(), nn.Linear(6, 3))
+        x, y, loss = torch.randn(11, 5), torch.randn(11, 3), F.mse_loss
+    elif kind == "mlp_ce":
+        model = nn.Sequential(nn.Linear(4, 9), nn.GELU(), nn.Linear(9, 5))
+        x, y, loss = torch.randn(13, 4), torch.randint(0, 5, (13,)), F.cross_entropy
+    elif kind == "custom_linear":
+        model = nn.Sequential(CustomLinear(5, 6), Softsign(), nn.Linear(6, 6), nn.Sigmoid(), CustomLinear(6, 2))
+        x, y, loss = torch.randn(9, 5), torch.randn(9, 2), F.mse_loss
+    elif kind == "conv":
+        model = ConvNet()
+        x, y, loss = torch.randn(4, 2, 5, 4), torch.randint(0, 3, (4,)), F.cross_entropy
+    elif kind == "attention":
+        model = TinyAttention()
+        x, y, loss = torch.randn(3, 5, 8), torch.randint(0, 2, (3,)), F.cross_entropy
+    elif kind == "custom_layer":
+        model = nn.Sequential(nn.Linear(4, 6), Gate(6), nn.Linear(6, 2))
+        x, y, loss = torch.randn(7, 4), torch.randn(7, 2), F.mse_loss
+    else:
+        raise AssertionError(kind)
+    model = model.to(dtype)
+    x = x.to(dtype)
+    y = y.to(dtype) if y.is_floating_point() else y
+    return model, x, y, loss
+
+
+SEQUENTIAL_MLPS = ("mlp", "mlp_ce", "custom_linear")
+GENERIC = ("conv", "attention", "custom_layer")
+
+
+def naive(model, loss_fn, candidates, x, y):
+    layout = ParameterLayout(model)
+    return torch.stack([loss_fn(functional_call(model, layout.views(c), (x,)), y) for c in candidates])
+
+
+def rel_err(actual, expected):
+    return float((actual - expected).abs().max() / expected.abs().max())
+
+
+def flat_candidates(layout: ParameterLayout, base: torch.Tensor, kind: str, count: int = 7) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(3)
+    noise = lambda *shape: torch.randn(*shape, generator=gen, dtype=base.dtype)  # noqa: E731
+    if kind == "dense":
+        return base + 0.3 * noise(count, layout.n)
+    cand = base.repeat(count, 1)
+    if kind == "sparse":
+        cols = torch.randperm(layout.n, generator=gen)[:3]
+    else:  # last layer: every coordinate of the last two tensors
+        cols = torch.arange(layout.slots[-2].start, layout.n)
+    cand[:, cols] += 0.3 * noise(count, cols.numel())
+    return cand
+
+
+def structured_batch(layout: ParameterLayout, base: torch.Tensor) -> CandidateBatch:
+    gen = torch.Generator().manual_seed(4)
+    noise = lambda *shape: 0.3 * torch.randn(*shape, generator=gen, dtype=base.dtype)  # noqa: E731
+    first = layout.slots[0]
+    last = torch.arange(layout.slots[-2].start, layout.n)
+    pair = noise(2, layout.slots[2].numel)
+    groups = [
+        CandidateGroup(torch.randperm(layout.n, generator=gen)[:4], noise(5, 4)),  # sparse
+        CandidateGroup(torch.arange(first.start, first.stop), noise(4, first.numel)),  # a whole tensor, dense
+        CandidateGroup(last, noise(3, last.numel())),  # last layer only
+        CandidateGroup(torch.arange(3, 40), noise(6, 37)),  # a particle across tensors
+        CandidateGroup(torch.zeros(0, dtype=torch.long), base.new_zeros(1, 0)),  # the incumbent
+        CandidateGroup(torch.arange(layout.slots[2].start, layout.slots[2].stop), torch.cat([pair, -pair, pair])),  # +- pairs
+    ]
+    return CandidateBatch(base, groups)
+
+
+# --------------------------------------------------------------------------- parity
+FLAT_PATHS = {
+    ("sparse", True): "sparse_delta",
+    ("dense", True): "dense_bmm",
+    ("last", True): "dense_bmm",
+    ("sparse", False): "site_vmap",
+    ("dense", False): "vmap",
+    ("last", False): "site_vmap",
+}
+
+
+@pytest.mark.parametrize("chunk_size", [None, 2])
+@pytest.mark.parametrize("kind", ["sparse", "dense", "last"])
+@pytest.mark.parametrize("model_kind", SEQUENTIAL_MLPS + GENERIC)
+def test_flat_candidates_match_naive(model_kind, kind, chunk_size):
+    model, x, y, loss = make_case(model_kind)
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    cand = flat_candidates(layout, base, kind)
+    ev = NNCostEvaluator(model, loss, chunk_size=chunk_size)
+    got = ev.evaluate(cand, x, y)
+    assert rel_err(got, naive(model, loss, cand, x, y)) < 1e-10
+    assert ev.last_path == FLAT_PATHS[kind, model_kind in SEQUENTIAL_MLPS]
+    assert torch.equal(layout.flatten(model), base)
+
+
+@pytest.mark.parametrize("chunk_size", [None, 3])
+@pytest.mark.parametrize("model_kind", SEQUENTIAL_MLPS + GENERIC)
+def test_structured_candidates_match_naive(model_kind, chunk_size):
+    model, x, y, loss = make_case(model_kind)
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    batch = structured_batch(layout, base)
+    ev = NNCostEvaluator(model, loss, chunk_size=chunk_size)
+    got = ev.evaluate_batch(batch, x, y)
+    assert rel_err(got, naive(model, loss, batch.materialize(), x, y)) < 1e-10
+    expected = "sparse_delta" if model_kind in SEQUENTIAL_MLPS else "site_vmap"
+    assert set(ev.path_counts) == {expected}
+    assert ev.path_counts[expected] == batch.count
+    assert torch.equal(layout.flatten(model), base)
+
+
+@pytest.mark.parametrize("subspace_kind", ["hybrid", "hybrid_capped", "factored"])
+@pytest.mark.parametrize("model_kind", ["mlp", "custom_linear", "conv"])
+def test_subspace_candidates_match_naive(model_kind, subspace_kind):
+    model, x, y, loss = make_case(model_kind)
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    subspace = {
+        "hybrid": lambda: HybridSubspace.from_layout(model, rank=2),
+        "hybrid_capped": lambda: HybridSubspace.from_layout(model, rank=3, max_subspace_dim=17, seed=5),
+        "factored": lambda: FactoredSubspace(model, rank=2),
+    }[subspace_kind]()
+    gen = torch.Generator().manual_seed(6)
+    groups = [
+        CandidateGroup(torch.randperm(subspace.dim, generator=gen)[:5], torch.randn(6, 5, generator=gen, dtype=F64)),
+        CandidateGroup(torch.arange(subspace.dim), torch.randn(4, subspace.dim, generator=gen, dtype=F64)),
+    ]
+    batch = CandidateBatch(base, groups, subspace)
+    for chunk_size in (None, 2):
+        ev = NNCostEvaluator(model, loss, chunk_size=chunk_size)
+        got = ev.evaluate_batch(batch, x, y)
+        assert rel_err(got, naive(model, loss, batch.materialize(), x, y)) < 1e-10
+        if model_kind == "conv":  # "vmap" where a group moves every tensor
+            assert set(ev.path_counts) <= {"site_vmap", "vmap"}
+        else:
+            assert set(ev.path_counts) == {"factored" if subspace_kind == "factored" else "subspace_delta"}
+    assert torch.equal(layout.flatten(model), base)
+
+
+@pytest.mark.parametrize("model_kind", ["mlp", "conv"])
+def test_inplace_path_matches_naive_and_restores_bits(model_kind):
+    model, x, y, loss = make_case(model_kind)
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    ev = NNCostEvaluator(model, loss, use_inplace=True)
+    cand = flat_candidates(layout, base, "dense")
+    assert rel_err(ev.evaluate(cand, x, y), naive(model, loss, cand, x, y)) < 1e-10
+    batch = structured_batch(layout, base)
+    assert rel_err(ev.evaluate_batch(batch, x, y), naive(model, loss, batch.materialize(), x, y)) < 1e-10
+    sub = HybridSubspace.from_layout(model, rank=2)
+    sbatch = CandidateBatch(base, [CandidateGroup(torch.arange(sub.dim), torch.randn(3, sub.dim, dtype=F64))], sub)
+    assert rel_err(ev.evaluate_batch(sbatch, x, y), naive(model, loss, sbatch.materialize(), x, y)) < 1e-10
+    assert ev.last_path == "inplace" and ev.path_counts["inplace"] == cand.shape[0] + batch.count + sbatch.count
+    assert torch.equal(layout.flatten(model), base)
+
+
+def test_batch_base_other_than_model_parameters():
+    """The batch's base, not the model's current weights, defines the candidates on every path."""
+    model, x, y, loss = make_case("mlp")
+    layout = ParameterLayout(model)
+    params = layout.flatten(model)
+    base = params + 0.05 * torch.randn(layout.n, dtype=F64)
+    batch = structured_batch(layout, base)
+    expected = naive(model, loss, batch.materialize(), x, y)
+    for options in ({}, {"use_inplace": True}, {"reuse": False}):
+        got = NNCostEvaluator(model, loss, **options).evaluate_batch(batch, x, y)
+        assert rel_err(got, expected) < 1e-10
+    assert torch.equal(layout.flatten(model), params)
+
+
+def test_float32_paths_match_float32_reference():
+    model, x, y, loss = make_case("mlp", torch.float32)
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    batch = structured_batch(layout, base)
+    ev = NNCostEvaluator(model, loss)
+    expected = naive(model.double(), loss, batch.materialize().double(), x.double(), y.double())
+    model.float()
+    got = ev.evaluate_batch(batch, x, y)
+    assert got.dtype == torch.float32 and rel_err(got.double(), expected) < 1e-5
+    cand = flat_candidates(layout, base, "dense")
+    assert rel_err(ev.evaluate(cand, x, y).double(), naive(model, loss, cand, x, y).double()) < 1e-5
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    widths=st.lists(st.integers(1, 9), min_size=2, max_size=4),
+    batch=st.integers(1, 6),
+    k=st.integers(1, 12),
+    count=st.integers(1, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_sparse_delta_property(widths, batch, k, count, seed):
+    torch.manual_seed(seed)
+    layers = []
+    for a, b in zip(widths[:-1], widths[1:]):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    model = nn.Sequential(*layers[:-1]).double()
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    index = torch.randperm(layout.n)[: min(k, layout.n)]
+    batch_ = CandidateBatch(base, [CandidateGroup(index, torch.randn(count, index.numel(), dtype=F64))])
+    x, y = torch.randn(batch, widths[0], dtype=F64), torch.randn(batch, widths[-1], dtype=F64)
+    ev = NNCostEvaluator(model, F.mse_loss)
+    got = ev.evaluate_batch(batch_, x, y)
+    expected = naive(model, F.mse_loss, batch_.materialize(), x, y)
+    assert (got - expected).abs().max() <= 1e-10 * max(1.0, float(expected.abs().max()))
+    assert ev.last_path == "sparse_delta"
+
+
+def test_sign_pairs_found_and_expanded_exactly():
+    d = torch.randn(3, 10, dtype=F64)
+    d[1, 0] = 0.0  # leading zeros do not confuse the sign
+    pairs = sign_pairs(torch.cat([d, -d, d[:1]]))
+    assert pairs is not None and pairs.representatives.numel() == 3
+    full = torch.cat([d, -d, d[:1]])
+    assert torch.equal(full[pairs.representatives][pairs.inverse] * pairs.signs[:, None].to(F64), full)
+    assert sign_pairs(torch.randn(4, 3, dtype=F64)) is None
+
+
+# ------------------------------------------------------------------- path selection
+def test_reuse_false_runs_whole_forwards():
+    model, x, y, loss = make_case("mlp")
+    layout = ParameterLayout(model)
+    batch = structured_batch(layout, layout.flatten(model))
+    ev = NNCostEvaluator(model, loss, reuse=False)
+    assert rel_err(ev.evaluate_batch(batch, x, y), naive(model, loss, batch.materialize(), x, y)) < 1e-10
+    assert set(ev.path_counts) == {"vmap"}
+
+
+class DataDependent(nn.Module):
+    """Python control flow on tensor values: cannot run under vmap."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x):
+        out = self.lin(x)
+        return out * 2 if float(out.sum()) > 0 else out
+
+
+def test_vmap_failure_falls_back_to_sequential_once():
+    model = DataDependent().double()
+    x, y = torch.randn(5, 3, dtype=F64), torch.randn(5, 2, dtype=F64)
+    layout = ParameterLayout(model)
+    cand = flat_candidates(layout, layout.flatten(model), "dense")
+    ev = NNCostEvaluator(model, F.mse_loss)
+    with pytest.warns(UserWarning, match="does not run under torch.vmap"):
+        got = ev.evaluate(cand, x, y)
+    assert rel_err(got, naive(model, F.mse_loss, cand, x, y)) < 1e-10 and ev.last_path == "sequential"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ev.evaluate(cand, x, y)  # remembered: no second warning
+    ev.reset_vmap()
+    assert ev.vmap_ok
+
+
+def test_declared_sequential_layer_and_buffers_restored():
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 1)).double().train()
+    x, y = torch.randn(6, 3, dtype=F64), torch.randn(6, 1, dtype=F64)
+    assert "sequential" in contracts_of(model[1])
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    stats = model[1].running_mean.clone()
+    cand = flat_candidates(layout, base, "sparse")
+    ev = NNCostEvaluator(model, F.mse_loss)
+    got = ev.evaluate(cand, x, y)
+    assert ev.last_path == "sequential"
+    assert torch.equal(model[1].running_mean, stats)
+    copy = [m for m in [nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 1)).double().train()]][0]
+    copy.load_state_dict(model.state_dict())
+    assert rel_err(got, naive(copy, F.mse_loss, cand, x, y)) < 1e-10
+
+
+def test_loss_without_vmap_support_is_applied_per_candidate():
+    model, x, y, _ = make_case("mlp")
+
+    def loss(out, target):  # .item() cannot run under vmap
+        return F.mse_loss(out, target) * (1.0 if out.sum().item() > -1e9 else 0.0)
+
+    layout = ParameterLayout(model)
+    cand = flat_candidates(layout, layout.flatten(model), "sparse")
+    ev = NNCostEvaluator(model, loss)
+    with pytest.warns(UserWarning, match="loss_fn does not run under torch.vmap"):
+        got = ev.evaluate(cand, x, y)
+    assert rel_err(got, naive(model, F.mse_loss, cand, x, y)) < 1e-10
+
+
+def test_custom_contracts_validated():
+    class Bad(nn.Module):
+        polytope_contracts = {"linear", "fast"}
+
+    class AlsoBad(nn.Module):
+        polytope_contracts = "linear"
+
+    with pytest.raises(ValueError, match="unknown contracts"):
+        contracts_of(Bad())
+    with pytest.raises(TypeError, match="set of strings"):
+        contracts_of(AlsoBad())
+
+    class NotLinear(nn.Module):
+        polytope_contracts = frozenset({"linear"})
+
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(2, 2))
+
+    with pytest.raises(ValueError, match="linear"):
+        NNCostEvaluator(nn.Sequential(NotLinear()), F.mse_loss)
+
+
+# ----------------------------------------------------------------- reuse and memory
+def test_prefix_reused_within_sweep_and_rebuilt_on_new_batch_or_base():
+    model, x, y, loss = make_case("mlp")
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    ev = NNCostEvaluator(model, loss)
+    batch = structured_batch(layout, base)
+    ev.evaluate_batch(batch, x, y)
+    ev.evaluate_batch(batch, x, y)
+    assert ev.prefix.builds == 1
+    ev.evaluate_batch(batch, x[:7], y[:7])  # a lower fidelity level
+    assert ev.prefix.builds == 2
+    x2 = x.clone()
+    ev.evaluate_batch(batch, x2, y)
+    x2.mul_(2)  # changed in place: same tensor, new contents
+    got = ev.evaluate_batch(batch, x2, y)
+    assert ev.prefix.builds == 4
+    assert rel_err(got, naive(model, loss, batch.materialize(), x2, y)) < 1e-10
+    moved = CandidateBatch(base + 0.01, batch.groups)
+    ev.evaluate_batch(moved, x2, y)
+    assert ev.prefix.builds == 5
+
+
+def test_automatic_chunk_from_memory_budget():
+    assert estimate_chunk(100, 1000, 10_000) == 10
+    assert estimate_chunk(100, 10**9, 10) == 1
+    assert estimate_chunk(5, 1, 10**9) == 5
+    model, x, y, loss = make_case("conv")
+    layout = ParameterLayout(model)
+    cand = flat_candidates(layout, layout.flatten(model), "dense")
+    calls = []
+    ev = NNCostEvaluator(model, loss, memory_budget=1)
+    original = ev._vmap_site.fn
+    ev._vmap_site.fn = lambda *a: calls.append(1) or original(*a)
+    got = ev.evaluate(cand, x, y)
+    assert len(calls) == cand.shape[0]  # a one-byte budget: one candidate per chunk
+    assert rel_err(got, naive(model, loss, cand, x, y)) < 1e-10
+
+
+def test_out_of_memory_retries_with_smaller_chunk(monkeypatch):
+    model, x, y, loss = make_case("mlp")
+    layout = ParameterLayout(model)
+    batch = structured_batch(layout, layout.flatten(model))
+    real = evaluator_module.mlp_outputs
+    sizes = []
+
+    def limited(plan, prefix, changes, count):
+        sizes.append(count)
+        if count > 2:
+            raise torch.OutOfMemoryError("out of memory (simulated)")
+        return real(plan, prefix, changes, count)
+
+    monkeypatch.setattr(evaluator_module, "mlp_outputs", limited)
+    ev = NNCostEvaluator(model, loss, chunk_size=8)
+    with pytest.warns(UserWarning, match="chunk_size=5; retrying with chunk_size=2"):
+        got = ev.evaluate_batch(batch, x, y)
+    assert rel_err(got, naive(model, loss, batch.materialize(), x, y)) < 1e-10
+    assert ev.chunks.cap == 2 and max(sizes[-3:]) <= 2
+    assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory"))
+    assert not is_out_of_memory(ValueError("out of memory"))
+
+
+# --------------------------------------------------------- compilation and precision
+def test_compile_failure_falls_back_to_eager_once(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    model, x, y, loss = make_case("conv")
+    layout = ParameterLayout(model)
+    cand = flat_candidates(layout, layout.flatten(model), "dense")
+    ev = NNCostEvaluator(model, loss, compile_evaluator=True, compile_forward=True)
+    with pytest.warns(UserWarning, match="compiling the vmap evaluation failed"):
+        got = ev.evaluate(cand, x, y)
+    assert rel_err(got, naive(model, loss, cand, x, y)) < 1e-10
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ev.evaluate(cand, x, y)
+    ev.use_inplace = True
+    with pytest.warns(UserWarning, match="compiling the in-place forward evaluation failed"):
+        assert rel_err(ev.evaluate(cand, x, y), naive(model, loss, cand, x, y)) < 1e-10
+
+
+@pytest.mark.slow
+def test_compiled_dense_path_matches():
+    model, x, y, loss = make_case("mlp", torch.float32)
+    layout = ParameterLayout(model)
+    cand = flat_candidates(layout, layout.flatten(model), "dense")
+    ev = NNCostEvaluator(model, loss, compile_evaluator=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # compilation must really succeed
+        got = ev.evaluate(cand, x, y)
+    assert ev.last_path == "dense_bmm" and ev._dense_site.active
+    assert rel_err(got, naive(model, loss, cand, x, y)) < 1e-5
+
+
+@pytest.mark.parametrize("model_kind", ["mlp", "conv"])
+def test_candidate_autocast_disables_delta_and_accumulates_in_fp32(model_kind):
+    model, x, y, loss = make_case(model_kind, torch.float32)
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    batch = structured_batch(layout, base)
+    ev = NNCostEvaluator(model, loss, candidate_autocast=torch.bfloat16)
+    got = ev.evaluate_batch(batch, x, y)
+    assert got.dtype == torch.float32
+    assert set(ev.path_counts) == ({"dense_bmm"} if model_kind == "mlp" else {"site_vmap"})
+    assert rel_err(got, naive(model, loss, batch.materialize(), x, y)) < 5e-2
+    assert torch.equal(layout.flatten(model), base)
+
+
+# ------------------------------------------------------------------ bad input
+def test_bad_arguments_name_themselves():
+    model, x, y, loss = make_case("mlp")
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    ev = NNCostEvaluator(model, loss)
+    with pytest.raises(ValueError, match="candidates must have shape"):
+        ev.evaluate(base, x, y)
+    with pytest.raises(TypeError, match="candidates must match"):
+        ev.evaluate(base.float()[None], x, y)
+    with pytest.raises(ValueError, match="inputs must be a tensor whose last dimension is 5"):
+        ev.evaluate(base[None], x[:, :4], y)
+    with pytest.raises(TypeError, match="batch must be a CandidateBatch"):
+        ev.evaluate_batch(base[None], x, y)
+    with pytest.raises(ValueError, match="flat_index must lie in"):
+        ev.evaluate_batch(CandidateBatch(base, [CandidateGroup(torch.tensor([layout.n]), base.new_ones(1, 1))]), x, y)
+    with pytest.raises(ValueError, match="chunk_size"):
+        NNCostEvaluator(model, loss, chunk_size=0)
+    with pytest.raises(ValueError, match="candidate_autocast"):
+        NNCostEvaluator(model, loss, candidate_autocast="fp8")
+    with pytest.raises(TypeError, match="loss_fn must be callable"):
+        NNCostEvaluator(model, "mse")
+    with pytest.raises(TypeError, match="model must be"):
+        NNCostEvaluator(lambda t: t, loss)
+
+
+def test_parameters_swapped_restores_after_error():
+    model, *_ = make_case("mlp")
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    with pytest.raises(RuntimeError, match="boom"):
+        with parameters_swapped(model, base + 1.0) as params:
+            assert torch.equal(params[0], (base + 1.0)[: params[0].numel()].view_as(params[0]))
+            raise RuntimeError("boom")
+    assert torch.equal(layout.flatten(model), base)
+
+
+# ------------------------------------------------------------------ optimizer
+def test_optimizer_with_evaluator_matches_closure():
+    optimizer_module = pytest.importorskip("polytope.optimizer")
+    model, x, y, loss = make_case("mlp")
+    layout = ParameterLayout(model)
+    start = layout.flatten(model)
+
+    def run(use_evaluator):
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(start.clone(), model.parameters())
+        opt = optimizer_module.PolytopeOptimizer(model.parameters(), blocks=8, radii=(0.05, 0.1), seed=0)
+        if use_evaluator:
+            ev = NNCostEvaluator(model, loss)
+            opt.register_evaluator(ev, x, y)
+            opt.step()
+            assert ev.last_path == "sparse_delta"
+        else:
+            opt.step(lambda c: naive(model, loss, c, x, y))
+        return opt.incumbent
+
+    assert torch.allclose(run(True), run(False), rtol=0, atol=1e-10)
