@@ -195,3 +195,67 @@ def write_json(path: str | os.PathLike | None, record: dict[str, Any]) -> None:
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(text + "\n")
+
+
+# --------------------------------------------------------------------------
+# CPU memory: peak RSS growth of one workload, each in its own process.
+_RSS_MARK = "PEAK_RSS_RESULT "
+
+
+def _vm_hwm_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise BenchmarkError("/proc/self/status has no VmHWM: cannot measure peak RSS")
+
+
+def _peak_rss_child() -> None:
+    """Child side of :func:`peak_rss_growths_in_subprocess` (reads its request from argv)."""
+    import importlib
+
+    request = json.loads(sys.argv[1])
+    torch.set_num_threads(request["threads"])
+    module, _, name = request["target"].partition(":")
+    factory = getattr(importlib.import_module(module), name)
+    for kwargs in request["kwargs_list"]:
+        workload = factory(**kwargs)
+        if request["warmup"]:
+            workload()  # one-time initialisation is not the workload's memory
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as fh:  # resets VmHWM to the current RSS
+            fh.write("5")
+        baseline = current_rss_bytes()
+        workload()
+        print(_RSS_MARK + json.dumps({"peak_bytes": _vm_hwm_bytes(), "baseline_bytes": baseline}), flush=True)
+        del workload
+        gc.collect()
+
+
+def peak_rss_growths_in_subprocess(target: str, kwargs_list: list[dict[str, Any]], *, threads: int = 1,
+                                   warmup: bool = True, timeout: float = 1800.0) -> list[int]:
+    """Extra peak resident memory (bytes) of workloads, measured one after another in a fresh process.
+
+    ``target`` is ``"package.module:function"``; ``function(**kwargs)`` does the
+    set-up (its inputs count as baseline) and returns the zero-argument workload.
+    For each kwargs the child runs the workload once to warm up (unless
+    ``warmup=False``), resets the kernel's peak-RSS counter (``/proc/self/clear_refs``),
+    and reports the peak during the measured run minus the RSS just before it.
+    Allocations above 64 KiB are forced onto ``mmap`` so that freed blocks leave
+    the RSS at once: neither a warm-up nor an earlier workload can hide a later
+    allocation by recycling heap pages. One process serves the whole list
+    because importing torch dominates a child's cost. Linux only.
+    """
+    import subprocess
+
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536",
+               OMP_NUM_THREADS=str(threads))
+    root = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    request = json.dumps({"target": target, "kwargs_list": kwargs_list, "threads": threads, "warmup": warmup})
+    proc = subprocess.run([sys.executable, "-c", "from harness.method import _peak_rss_child; _peak_rss_child()",
+                           request], capture_output=True, text=True, timeout=timeout, env=env)
+    growths = [json.loads(line[len(_RSS_MARK):]) for line in proc.stdout.splitlines() if line.startswith(_RSS_MARK)]
+    if proc.returncode != 0 or len(growths) != len(kwargs_list):
+        raise BenchmarkError(f"memory child for {target} failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return [max(0, g["peak_bytes"] - g["baseline_bytes"]) for g in growths]

@@ -190,6 +190,15 @@ def _default_basis(p: int, limit: int, max_basis: int | None) -> int:
     return min(limit, cap)
 
 
+def _settle(info: KrylovInfo, residuals: torch.Tensor, tol, *, full: bool, maxiter: int) -> bool:
+    """Record the Ritz residuals; True when the iteration should stop (converged, exact or out of steps)."""
+    info.residuals = residuals
+    info.column_converged = (residuals <= tol) | full
+    if bool(info.column_converged.all()):
+        info.converged, info.reason = True, "converged"
+    return info.converged or info.iterations >= maxiter
+
+
 def _check_rank(k, limit: int, name: str = "k") -> None:
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= limit:
         raise ValueError(f"{name} must be an int in [1, {limit}], got {k!r}")
@@ -243,12 +252,8 @@ def lanczos_eigsh(A, k: int, *, search_width: int = 10, rtol: float = 1e-8, maxi
         theta, Y = theta[order], Y[:, order]
         vectors = Q @ Y[:, :k]
         residuals = (AQ @ Y[:, :k] - vectors * theta[:k]).norm(dim=0)
-        scale = theta.abs().max().clamp_min(torch.finfo(dtype).tiny)
-        full = Q.shape[1] >= n
-        if bool((residuals <= rtol * scale).all()) or full:
-            info.converged, info.reason = True, "converged"
-            break
-        if info.iterations >= maxiter:
+        tol = rtol * theta.abs().max().clamp_min(torch.finfo(dtype).tiny)
+        if _settle(info, residuals, tol, full=Q.shape[1] >= n, maxiter=maxiter):
             break
         W = A_block - Q @ (Q.T @ A_block)
         if Q.shape[1] + p > basis_cap:  # thick restart from the leading Ritz vectors
@@ -256,8 +261,6 @@ def lanczos_eigsh(A, k: int, *, search_width: int = 10, rtol: float = 1e-8, maxi
             Q, AQ = Q @ Y[:, :keep], AQ @ Y[:, :keep]
         width = min(p, n - Q.shape[1])
         block = _extend(W[:, :width], Q, gen)
-    info.residuals = residuals
-    info.column_converged = residuals <= rtol * scale if not full else torch.ones_like(residuals, dtype=torch.bool)
     return theta[:k], vectors * fix_signs(vectors), info
 
 
@@ -303,12 +306,8 @@ def golub_kahan_svds(A, k: int, *, search_width: int = 10, rtol: float = 1e-8, m
         left, right = U @ Y[:, :k], V @ Z[:, :k]
         residuals = torch.sqrt((AV @ Z[:, :k] - left * s[:k]).square().sum(0)
                                + (AtU @ Y[:, :k] - right * s[:k]).square().sum(0))
-        scale = s[0].clamp_min(torch.finfo(dtype).tiny)
-        full = V.shape[1] >= n
-        if bool((residuals <= rtol * scale).all()) or full:
-            info.converged, info.reason = True, "converged"
-            break
-        if info.iterations >= maxiter:
+        tol = rtol * s[0].clamp_min(torch.finfo(dtype).tiny)
+        if _settle(info, residuals, tol, full=V.shape[1] >= n, maxiter=maxiter):
             break
         # Only the newest A^T U block reaches outside span(V); once U is full, use the Ritz images.
         grow = AtU_block if AtU_block.shape[1] == p else AtU @ Y[:, :p]
@@ -319,7 +318,5 @@ def golub_kahan_svds(A, k: int, *, search_width: int = 10, rtol: float = 1e-8, m
             U, AtU = U @ Y[:, :keep], AtU @ Y[:, :keep]
         width = min(p, n - V.shape[1])
         V_block = _extend(W[:, :width], V, gen)
-    info.residuals = residuals
-    info.column_converged = residuals <= rtol * scale if not full else torch.ones_like(residuals, dtype=torch.bool)
     signs = fix_signs(left)
     return s[:k], left * signs, right * signs, info

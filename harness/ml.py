@@ -1,0 +1,277 @@
+"""Complete kernel-learning fits: ridge, landmark ridge, PCA, LDA and rectangular SVD.
+
+Variants share inputs, start vectors and stopping rules:
+``dense-iterative`` stores the kernel and runs the same iterative method with
+direct ATen products; ``streamed`` regenerates tiles and stores nothing n x n;
+``dense-direct`` (``--dense-direct``) is a different algorithm (Cholesky,
+augmented QR, eigh, SVD). The timed scope is source construction, fit and
+held-out prediction (SVD: the leading factors; ``--backward`` adds a mean
+squared prediction objective and the gradients of X, Y and the queries).
+Every variant must converge and agree with a float64 direct reference before
+anything is timed; failures exit nonzero.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+from typing import Any, Callable
+
+import torch
+
+from . import method
+
+CASES = ("ridge", "landmark", "pca", "lda", "svd")
+REFERENCE_MAX_BYTES = 4 << 30  # largest dense kernel the float64 reference may build
+SOURCES = {"dense-iterative": "stored", "streamed": "streamed", "dense-direct": "direct"}
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("ml", help="kernel ridge / landmark / PCA / LDA / SVD fits", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", choices=CASES, required=True)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
+    p.add_argument("--n", type=int, default=2048, help="training points (rows of the kernel)")
+    p.add_argument("--m", type=int, default=None,
+                   help="landmarks (landmark, default 256) or columns (svd, default n / 2)")
+    p.add_argument("--d", type=int, default=8, help="feature width")
+    p.add_argument("--queries", type=int, default=128, help="held-out points predicted / transformed")
+    p.add_argument("--targets", type=int, default=2, help="right-hand sides (ridge, landmark)")
+    p.add_argument("--gamma", type=float, default=None, help="RBF gamma (default 1 / d)")
+    p.add_argument("--regularization", type=float, default=0.5, help="ridge alpha / LDA regularization")
+    p.add_argument("--classes", type=int, default=4, help="LDA classes")
+    p.add_argument("--components", type=int, default=2, help="PCA / SVD / LDA components")
+    p.add_argument("--search-width", type=int, default=10)
+    p.add_argument("--rank", type=int, default=256, help="Nystrom preconditioner rank (ridge, LDA)")
+    p.add_argument("--preconditioner", choices=("nystrom", "jacobi", "none"), default="nystrom",
+                   help="ridge / LDA preconditioner")
+    p.add_argument("--rtol", type=float, default=1e-7)
+    p.add_argument("--atol", type=float, default=1e-9)
+    p.add_argument("--chunk-size", type=int, default=None, help="rows per streamed tile (default: 8 MiB budget)")
+    p.add_argument("--tile-dtype", choices=("float32",), default=None, help="streamed tiles in float32")
+    p.add_argument("--backward", action="store_true", help="ridge/landmark: also differentiate the predictions")
+    p.add_argument("--dense-direct", action="store_true", help="also time the direct dense algorithm")
+    p.add_argument("--variants", default="dense-iterative,streamed",
+                   help="comma-separated iterative variants to time (dense-iterative, streamed)")
+    p.add_argument("--check-tol", type=float, default=None,
+                   help="relative error allowed against the direct reference (default 1e3 * rtol, at least 1e-6)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-memory", action="store_true", help="skip the per-variant memory measurement")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", default=None, help="JSON file for the record")
+    p.set_defaults(func=run)
+
+
+# ----------------------------------------------------------------- workloads
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("case", "device", "dtype", "n", "m", "d", "queries", "targets", "gamma", "regularization", "classes",
+            "components", "search_width", "rank", "preconditioner", "rtol", "atol", "chunk_size", "tile_dtype",
+            "backward", "seed")
+    cfg = {k: getattr(args, k) for k in keys}
+    cfg["gamma"] = cfg["gamma"] if cfg["gamma"] is not None else 1.0 / cfg["d"]
+    cfg["preconditioner"] = None if cfg["preconditioner"] == "none" else cfg["preconditioner"]
+    if cfg["m"] is None:
+        cfg["m"] = {"landmark": 256, "svd": cfg["n"] // 2}.get(cfg["case"])
+    return cfg
+
+
+def make_data(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Seeded inputs: smooth targets for regression, Gaussian clusters for LDA."""
+    gen = torch.Generator().manual_seed(cfg["seed"])
+    dtype = DTYPES[cfg["dtype"]]
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    n, d = cfg["n"], cfg["d"]
+    data = {"X": normal(n, d), "Xq": normal(cfg["queries"], d)}
+    if cfg["case"] in ("ridge", "landmark"):
+        w = normal(d, cfg["targets"])
+        data["Y"] = torch.sin(data["X"] @ w / math.sqrt(d)) + 0.1 * normal(n, cfg["targets"])
+    elif cfg["case"] == "lda":
+        labels = torch.arange(n) % cfg["classes"]
+        data["X"] = data["X"] + 2.0 * normal(cfg["classes"], d)[labels]
+        data["labels"] = labels
+    elif cfg["case"] == "svd":
+        data["Y"] = normal(cfg["m"], d)
+    return {k: (v.to(dtype) if v.is_floating_point() else v).to(cfg["device"]) for k, v in data.items()}
+
+
+def make_workload(cfg: dict[str, Any], source: str, data: dict[str, torch.Tensor]) -> Callable[[], dict]:
+    """The timed scope of one variant; returns the outputs that validation compares."""
+    import solvers
+
+    kernel = solvers.RBF(cfg["gamma"])
+    tile_dtype = DTYPES.get(cfg["tile_dtype"]) if source == "streamed" else None
+    common = dict(source=source, chunk_size=cfg["chunk_size"], tile_dtype=tile_dtype, random_state=cfg["seed"])
+    case = cfg["case"]
+
+    if case in ("ridge", "landmark"):
+        def run():
+            X, Y, Xq = (data[k].clone().requires_grad_(cfg["backward"]) for k in ("X", "Y", "Xq"))
+            if case == "ridge":
+                est = solvers.KernelRidge(kernel, cfg["regularization"], preconditioner=cfg["preconditioner"],
+                                          rank=cfg["rank"], rtol=cfg["rtol"], atol=cfg["atol"], **common)
+            else:
+                est = solvers.LandmarkRidge(kernel, cfg["regularization"], n_landmarks=cfg["m"], rtol=cfg["rtol"],
+                                            atol=cfg["atol"], **common)
+            predictions = est.fit(X, Y).predict(Xq)
+            out = {"predictions": predictions.detach(), "info": est.info_}
+            if cfg["backward"]:
+                gx, gy, gq = torch.autograd.grad(predictions.square().mean(), [X, Y, Xq])
+                out.update(grad_X=gx, grad_Y=gy, grad_Xq=gq, adjoint_info=getattr(est, "adjoint_info_", None))
+            return out
+    elif case == "pca":
+        def run():
+            est = solvers.KernelPCA(kernel, cfg["components"], search_width=cfg["search_width"], rtol=cfg["rtol"],
+                                    **common).fit(data["X"])
+            return {"eigenvalues": est.eigenvalues_, "vectors": est.eigenvectors_,
+                    "transform": est.transform(data["Xq"]), "info": est.info_}
+    elif case == "lda":
+        def run():
+            est = solvers.KernelLDA(kernel, cfg["components"], regularization=cfg["regularization"],
+                                    preconditioner=cfg["preconditioner"] and "nystrom", rank=cfg["rank"],
+                                    rtol=cfg["rtol"], atol=cfg["atol"], **common)
+            est.fit(data["X"], data["labels"])
+            return {"eigenvalues": est.eigenvalues_, "transform": est.transform(data["Xq"]), "info": est.info_}
+    else:
+        def run():
+            est = solvers.KernelSVD(kernel, cfg["components"], search_width=cfg["search_width"], rtol=cfg["rtol"],
+                                    **common).fit(data["X"], data["Y"])
+            return {"singular_values": est.singular_values_, "left": est.left_vectors_,
+                    "right": est.right_vectors_, "info": est.info_}
+    return run
+
+
+def memory_workload(cfg: dict[str, Any], source: str) -> Callable[[], Any]:
+    """Entry point for :func:`harness.method.peak_rss_growth_in_subprocess`: inputs are baseline."""
+    return make_workload(cfg, source, make_data(cfg))
+
+
+# ---------------------------------------------------------------- validation
+def _subspace_error(A: torch.Tensor, B: torch.Tensor) -> float:
+    """Sine of the largest principal angle between the column spans of A and B."""
+    qa, qb = torch.linalg.qr(A.double())[0], torch.linalg.qr(B.double())[0]
+    cosines = torch.linalg.svdvals(qa.T @ qb).clamp(max=1.0)
+    return float(torch.sqrt(1 - cosines.min() ** 2))
+
+
+def _aligned(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """Flip columns of ``actual`` to the sign of ``expected`` (eigenvectors are defined up to sign)."""
+    signs = torch.sign((actual.double() * expected.double()).sum(0))
+    return actual * torch.where(signs == 0, 1.0, signs).to(actual.dtype)
+
+
+def validate(case: str, out: dict, ref: dict) -> dict[str, float]:
+    """Relative errors against the reference outputs (subspace sines for vectors)."""
+    err = method.relative_error
+    if case in ("ridge", "landmark"):
+        keys = [k for k in ("predictions", "grad_X", "grad_Y", "grad_Xq") if k in ref]
+        return {k: err(out[k], ref[k]) for k in keys}
+    if case == "pca":
+        return {"eigenvalues": err(out["eigenvalues"], ref["eigenvalues"]),
+                "subspace": _subspace_error(out["vectors"], ref["vectors"]),
+                "transform": err(_aligned(out["transform"], ref["transform"]), ref["transform"])}
+    if case == "lda":
+        return {"eigenvalues": err(out["eigenvalues"], ref["eigenvalues"]),
+                "transform": err(_aligned(out["transform"], ref["transform"]), ref["transform"])}
+    return {"singular_values": err(out["singular_values"], ref["singular_values"]),
+            "left_subspace": _subspace_error(out["left"], ref["left"]),
+            "right_subspace": _subspace_error(out["right"], ref["right"])}
+
+
+def _dense_bytes(cfg: dict[str, Any]) -> int:
+    cols = cfg["m"] if cfg["case"] == "svd" else cfg["n"]
+    return 8 * cfg["n"] * cols
+
+
+def _info_summary(info) -> dict[str, Any] | None:
+    if info is None:
+        return None
+    return {"iterations": info.iterations, "matvecs": info.matvecs, "converged": info.converged,
+            "reason": info.reason, "max_residual": float(info.residuals.max()) if info.residuals.numel() else 0.0}
+
+
+# -------------------------------------------------------------------- driver
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=140)
+    torch.set_num_threads(args.threads)
+    cfg = _config(args)
+    variants = [v for v in args.variants.split(",") if v] + (["dense-direct"] if args.dense_direct else [])
+    unknown = set(variants) - set(SOURCES)
+    if unknown or not variants:
+        console.print(f"[red]--variants must name some of {tuple(SOURCES)}, got {args.variants!r}[/red]")
+        return 2
+    tol = args.check_tol if args.check_tol is not None else max(1e-6, 1e3 * args.rtol)
+    record: dict[str, Any] = {"command": "ml", "config": cfg, "variants": {}, "tolerance": tol,
+                              "reference": "dense-direct in float64 on the same inputs"}
+    try:
+        data = make_data(cfg)
+        ref_cfg = dict(cfg, dtype="float64", tile_dtype=None)
+        if _dense_bytes(cfg) <= REFERENCE_MAX_BYTES:
+            ref = make_workload(ref_cfg, "direct", make_data(ref_cfg))()
+        else:  # a dense reference would not fit: only the solvers' true-residual convergence is checked
+            ref = None
+            record["reference"] = "none: the dense reference would not fit in memory; convergence checked"
+        workloads, diagnostics = {}, {}
+        for name in variants:
+            workloads[name] = make_workload(cfg, SOURCES[name], data)
+            out = workloads[name]()
+            errors = validate(cfg["case"], out, ref) if ref is not None else {}
+            diagnostics[name] = {"validation": errors, "info": _info_summary(out["info"]),
+                                 "adjoint_info": _info_summary(out.get("adjoint_info"))}
+            if not out["info"].converged or (out.get("adjoint_info") and not out["adjoint_info"].converged):
+                raise method.BenchmarkError(f"{name}: solver did not converge ({out['info'].reason})")
+            bad = {k: v for k, v in errors.items() if not v <= tol}
+            if bad:
+                raise method.BenchmarkError(f"{name}: validation failed against the direct reference: {bad} > {tol}")
+            del out
+        gc.collect()
+        results = method.run_variants(workloads, repeats=args.repeats, warmup=args.warmup, device=args.device,
+                                      seed=args.seed)
+        for name, res in results.items():
+            res.validation = diagnostics[name]["validation"]
+            res.extra = {"info": diagnostics[name]["info"], "adjoint_info": diagnostics[name]["adjoint_info"],
+                         "algorithm": "direct" if name == "dense-direct" else "iterative"}
+            record["variants"][name] = res
+        if not args.no_memory:
+            for name, peak in zip(results, _memory(cfg, list(results), args)):
+                results[name].peak_extra_bytes = peak
+    except method.BenchmarkError as exc:
+        record["error"] = str(exc)
+        method.write_json(args.output, record)
+        console.print(f"[red]ml {cfg['case']}: {exc}[/red]")
+        return 1
+    method.write_json(args.output, record)
+    table = Table(title=f"ml {cfg['case']} n={cfg['n']} m={cfg['m']} d={cfg['d']} {cfg['dtype']}"
+                        + (" +backward" if cfg["backward"] else ""))
+    for col in ("variant", "median s", "IQR s", "extra MiB", "iterations", "matvecs", "max rel. error"):
+        table.add_column(col)
+    for name, res in record["variants"].items():
+        info = res.extra["info"]
+        mib = "-" if res.peak_extra_bytes is None else f"{res.peak_extra_bytes / 2**20:.2f}"
+        table.add_row(name, f"{res.summary['median']:.4f}", f"{res.summary['iqr']:.4f}", mib,
+                      str(info["iterations"]), str(info["matvecs"]), f"{max(res.validation.values(), default=0):.2e}")
+    console.print(table)
+    return 0
+
+
+def _memory(cfg: dict[str, Any], variants: list[str], args: argparse.Namespace) -> list[int]:
+    """Extra peak memory per variant: CUDA allocator peak, or CPU peak RSS growth in a child process."""
+    if torch.device(args.device).type == "cuda":
+        data, peaks = make_data(cfg), []
+        for variant in variants:
+            workload = make_workload(cfg, SOURCES[variant], data)
+            workload()
+            peaks.append(method.measure_cuda_peak(workload, args.device)[0])
+        return peaks
+    return method.peak_rss_growths_in_subprocess(
+        "harness.ml:memory_workload", [{"cfg": cfg, "source": SOURCES[v]} for v in variants], threads=args.threads,
+        warmup=args.warmup > 0)
