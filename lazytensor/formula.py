@@ -25,10 +25,11 @@ class LazyTensor:
 
     def __init__(self, x, axis: str | None = None):
         if isinstance(x, LazyTensor):
-            self.expr, self.variables = x.expr, x.variables
+            self.expr, self.variables, self.width = x.expr, x.variables, x.width
             return
         if isinstance(x, (int, float)):
             self.expr, self.variables = sympy.Float(x) if isinstance(x, float) else sympy.Integer(x), {}
+            self.width = 1
             return
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"LazyTensor expects a torch.Tensor, a number or a LazyTensor, got {type(x).__name__}")
@@ -38,16 +39,29 @@ class LazyTensor:
         tensor, batched = _normalize(x, axis)
         self.expr = sym
         self.variables = {sym: _Variable(axis, tensor, batched)}
+        self.width = tensor.shape[-1]
 
     # -- construction -------------------------------------------------------
     @classmethod
-    def _build(cls, expr: sympy.Expr, *parents: "LazyTensor") -> "LazyTensor":
+    def _build(cls, expr: sympy.Expr, *parents: "LazyTensor", width: int | None = None) -> "LazyTensor":
+        """A formula over the parents' variables.
+
+        ``width`` is its feature size; by default the broadcast of the parents'
+        and the expression's, so that ``x - x`` keeps x's size after sympy
+        folds it to 0. Feature contractions pass 1.
+        """
         out = cls.__new__(cls)
         out.variables = {}
         for p in parents:
             out.variables.update(p.variables)
         out.expr = expr
-        ir.feature_dim(expr, out.info)  # raises on feature sizes that do not broadcast
+        widths = {ir.feature_dim(expr, out.info)}  # raises on feature sizes that do not broadcast
+        if width is None:
+            widths |= {p.width for p in parents}
+        widths.discard(1)
+        if len(widths) > 1:
+            raise ValueError(f"feature sizes {sorted(widths)} do not broadcast in {expr}")
+        out.width = width if width is not None else (widths.pop() if widths else 1)
         return out
 
     @property
@@ -57,12 +71,21 @@ class LazyTensor:
     @property
     def ndim_features(self) -> int:
         """Feature size of the formula (KeOps calls it ``ndim``)."""
-        return ir.feature_dim(self.expr, self.info)
+        return self.width
 
     ndim = ndim_features
 
     def _unary(self, fn) -> "LazyTensor":
         return LazyTensor._build(fn(_numeric(self.expr)), self)
+
+    def _contract(self, fn, *others) -> "LazyTensor":
+        """``fn`` of the operands summed over their (broadcast) features."""
+        operands = (self, *(as_lazy(o) for o in others))
+        widths = {o.width for o in operands} - {1}
+        if len(widths) > 1:
+            raise ValueError(f"feature sizes {sorted(widths)} do not broadcast in a feature contraction")
+        summed = ir.feature_sum(fn(*(_numeric(o.expr) for o in operands)), max(widths, default=1))
+        return LazyTensor._build(summed, *operands, width=1)
 
     def _binary(self, other, fn, reverse: bool = False) -> "LazyTensor":
         other = as_lazy(other)
@@ -112,7 +135,7 @@ class LazyTensor:
 
     def __or__(self, o):
         """``x | y``: the dot product over features (feature size 1)."""
-        return self._binary(o, lambda a, b: ir.FSum(a * b))
+        return self._contract(lambda a, b: a * b, o)
 
     def __lt__(self, o):
         return self._binary(o, sympy.StrictLessThan)
@@ -171,25 +194,25 @@ class LazyTensor:
 
     # -- feature contractions ----------------------------------------------
     def sqnorm2(self):
-        return self._unary(lambda a: ir.FSum(a**2))
+        return self._contract(lambda a: a**2)
 
     def norm2(self):
-        return self._unary(lambda a: sympy.sqrt(ir.FSum(a**2)))
+        return self.sqnorm2().sqrt()
 
     def sqdist(self, o):
-        return self._binary(o, lambda a, b: ir.FSum((a - b) ** 2))
+        return self._contract(lambda a, b: (a - b) ** 2, o)
 
     def dot(self, o):
         return self | o
 
     def weightedsqnorm(self, w):
-        return self._binary(w, lambda a, b: ir.FSum(b * a**2))
+        return self._contract(lambda a, b: b * a**2, w)
 
     # -- reductions -----------------------------------------------------------
     def sum(self, dim=1, *, backend: str = "auto", chunk_size=None):
         """Sum over j (dim=1 / "j"), over i (dim=0 / "i"), or over features (dim=-1)."""
         if dim in (-1, 2, "features"):
-            return self._unary(ir.FSum)
+            return self._contract(lambda a: a)
         return self._reduce("sum", dim, backend=backend, chunk_size=chunk_size)
 
     sum_reduction = sum
@@ -245,7 +268,10 @@ class LazyTensor:
 
         axis = _axis(dim)
         problem = self.problem(axis)
-        return _unbatch(streamed_quantile(self.expr, problem, q, backend=backend, chunk_size=chunk_size), self._batched)
+        out = streamed_quantile(self.expr, problem, q, backend=backend, chunk_size=chunk_size)
+        if not isinstance(q, torch.Tensor):
+            out = self._widen(out)
+        return _unbatch(out, self._batched)
 
     def matmul(self, b: torch.Tensor, **kw):
         """K @ b for a scalar formula K_ij and a dense (M, C) (or (B, M, C)) tensor."""
@@ -274,7 +300,7 @@ class LazyTensor:
 
     def _reduce(self, kind: str, dim, *, values: "LazyTensor | None" = None, k: int = 1, sign: int = 1, backend, chunk_size):
         axis = _axis(dim)
-        source = self if values is None else LazyTensor._build(self.expr, self, values)
+        source = self if values is None else LazyTensor._build(self.expr, self, values, width=self.width)
         if kind == "kmin":
             if not isinstance(k, int) or k < 1:
                 raise ValueError(f"k must be a positive integer, got {k!r}")
@@ -286,10 +312,18 @@ class LazyTensor:
         )
         out = autograd.StreamedReduction.apply(reduction, problem, *[problem.tensors[s] for s in problem.order])
         outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+        if kind != "softmax":
+            outs = tuple(self._widen(o) for o in outs)
         if kind == "kmin":
             outs = tuple(o.squeeze(-1) if o.shape[-1] == 1 else o for o in outs)
         outs = tuple(_unbatch(o, source._batched) for o in outs)
         return outs[0] if len(outs) == 1 else outs
+
+    def _widen(self, out: torch.Tensor) -> torch.Tensor:
+        """Give a result the formula's feature size where sympy folded it to a scalar."""
+        if self.width == 1 or out.shape[-1] == self.width:
+            return out
+        return out.expand(*out.shape[:-1], self.width).contiguous()
 
     def __repr__(self) -> str:
         axes = {s: v.axis for s, v in self.variables.items()}

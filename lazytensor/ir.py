@@ -47,6 +47,21 @@ class FSum(sympy.Function):
 
     nargs = 1
 
+    @classmethod
+    def eval(cls, arg):
+        if arg.is_zero:
+            return sympy.Integer(0)
+        return None
+
+
+def feature_sum(arg: sympy.Expr, width: int) -> sympy.Expr:
+    """FSum of ``arg`` whose feature size was ``width`` before sympy simplified it.
+
+    ``sqdist(x, x)`` or ``x - x + 1`` fold to constants that no longer carry
+    their feature size; their sum over features is the constant times ``width``.
+    """
+    return arg * width if not arg.free_symbols else FSum(arg)
+
 
 class Sigmoid(sympy.Function):
     nargs = 1
@@ -162,7 +177,7 @@ def vjp(
                 continue
             arg_cot = cot * (how if isinstance(node, sympy.Piecewise) else _local_partial(node, how))
             if node_dim > 1 and feature_dim(arg, info) == 1:
-                arg_cot = FSum(arg_cot)
+                arg_cot = feature_sum(arg_cot, node_dim)
             visit(arg, arg_cot)
 
     for out, cot in outputs:

@@ -27,13 +27,29 @@ FUNCTIONS = {
     "square": lambda a: a**2,
     "sign": sympy.sign,
     "clamp": lambda a, lo, hi: ir.Clamp(a, sympy.Float(lo), sympy.Float(hi)),
-    "sqnorm2": lambda a: ir.FSum(a**2),
-    "norm2": lambda a: sympy.sqrt(ir.FSum(a**2)),
-    "sqdist": lambda a, b: ir.FSum((a - b) ** 2),
-    "dot": lambda a, b: ir.FSum(a * b),
-    "sum": ir.FSum,
     "where": lambda c, a, b: sympy.Piecewise((a, c), (b, True)),
 }
+
+# Summed over features; sqrt applied after for norm2.
+CONTRACTIONS = {
+    "sqnorm2": lambda a: a**2,
+    "norm2": lambda a: a**2,
+    "sqdist": lambda a, b: (a - b) ** 2,
+    "dot": lambda a, b: a * b,
+    "sum": lambda a: a,
+}
+
+
+def _contraction(name, info):
+    """The function ``name`` over sympy arguments whose feature sizes ``info`` gives."""
+
+    def apply(*args):
+        # the text is parsed unevaluated so that x - x still shows x's width here
+        width = max(ir.feature_dim(a, info) for a in args)
+        summed = ir.feature_sum(CONTRACTIONS[name](*args).doit(), width)
+        return sympy.sqrt(summed) if name == "norm2" else summed
+
+    return apply
 
 
 def formula(text: str, **variables) -> LazyTensor:
@@ -42,28 +58,32 @@ def formula(text: str, **variables) -> LazyTensor:
         raise ValueError("formula text must be a non-empty string")
     lazies = {}
     for name, value in variables.items():
-        if name in FUNCTIONS:
+        if name in FUNCTIONS or name in CONTRACTIONS:
             raise ValueError(f"variable name {name!r} shadows the function of that name")
         try:
             lazies[name] = as_lazy(value)
         except TypeError as exc:
             raise TypeError(f"formula variable {name!r}: {exc}") from None
-    scope = {**FUNCTIONS, **{name: lt.expr for name, lt in lazies.items()}}
+    info = {s: i for lt in lazies.values() for s, i in lt.info.items()}
+    functions = {**FUNCTIONS, **{name: _contraction(name, info) for name in CONTRACTIONS}}
+    scope = {**functions, **{name: lt.expr for name, lt in lazies.items()}}
     try:
         expr = parse_expr(text, local_dict=scope, global_dict={"__builtins__": {}, **_sympy_atoms()},
-                          transformations=standard_transformations, evaluate=True)
+                          transformations=standard_transformations, evaluate=False).doit()
     except (SyntaxError, TypeError) as exc:
         raise ValueError(f"cannot parse formula {text!r}: {exc}") from None
     undefined = sorted({f.func.__name__ for f in expr.atoms(AppliedUndef)})
     if undefined:
-        raise ValueError(f"unknown function(s) {undefined} in formula {text!r}; known: {sorted(FUNCTIONS)}")
+        raise ValueError(f"unknown function(s) {undefined} in formula {text!r}; known: {sorted({**FUNCTIONS, **CONTRACTIONS})}")
     known = set().union(*(lt.variables for lt in lazies.values())) if lazies else set()
     unknown = sorted(s.name for s in expr.free_symbols if s not in known)
     if unknown:
         raise ValueError(f"unknown name(s) {unknown} in formula {text!r}; pass them as keyword variables")
-    return LazyTensor._build(expr, *lazies.values())
+    return LazyTensor._build(expr, *lazies.values(), width=ir.feature_dim(expr, info))
 
 
 def _sympy_atoms():
     return {"Integer": sympy.Integer, "Float": sympy.Float, "Rational": sympy.Rational, "Symbol": sympy.Symbol,
+            "Add": sympy.Add, "Mul": sympy.Mul, "Pow": sympy.Pow, "Lt": sympy.Lt, "Le": sympy.Le, "Gt": sympy.Gt,
+            "Ge": sympy.Ge, "Eq": sympy.Eq, "Ne": sympy.Ne,
             "Function": sympy.Function}

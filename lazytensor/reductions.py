@@ -26,6 +26,8 @@ def _cols(t: torch.Tensor, mask: torch.Tensor, fill: float) -> torch.Tensor:
 
     ``mask`` is (1, 1, m, 1) in the problem's dtype: 1 for real columns, 0 for padding.
     """
+    if not isinstance(t, torch.Tensor):  # a formula sympy folded to a constant
+        t = mask.new_full((), t)
     return torch.where(mask > 0, t, fill)
 
 
