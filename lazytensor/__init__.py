@@ -6,6 +6,10 @@
 """
 from .formula import LazyTensor, Pm, Vi, Vj, lazy, where
 from .parse import formula
-from .engine import stream
+from .events import stream
+from .ops import attention, distance_quantile, distance_sum, kernel_regression, knn_regression, rbf_matmul
 
-__all__ = ["LazyTensor", "Vi", "Vj", "Pm", "lazy", "where", "formula", "stream"]
+__all__ = [
+    "LazyTensor", "Vi", "Vj", "Pm", "lazy", "where", "formula", "stream",
+    "distance_sum", "rbf_matmul", "distance_quantile", "kernel_regression", "knn_regression", "attention",
+]

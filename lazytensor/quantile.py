@@ -1,0 +1,261 @@
+"""Exact streamed quantiles by replay: counting passes, then selection.
+
+A q-quantile of row i needs the order statistics of ranks floor(q (M-1)) and
+ceil(q (M-1)) among the M values F_ij; sorting them needs the whole row. We
+never hold it. Each value is mapped to an integer *key* that sorts exactly
+like the float (IEEE-754 sign-magnitude turned into two's complement order),
+and the rank is found radix-select style:
+
+1. Counting passes. A bracket is the set of keys sharing a prefix. One
+   streamed pass histograms each row's keys inside its bracket into
+   2**BITS buckets by their next BITS bits; the bucket holding the wanted
+   rank becomes the new bracket, and the counts before it move to ``below``.
+   State per row and rank: prefix, shift, ``below`` - O(N x ranks).
+2. Selection. Once every bracket holds at most ``CANDIDATES`` values (or is
+   one key: a tie, every value in it equal), a last pass keeps the smallest
+   ``CANDIDATES`` in-bracket values per row with their indices, and the rank's
+   value is position ``rank - below`` among them.
+
+Passes: float32 keys have 32 bits, so at most 3 counting passes (11 bits
+each) plus the selection; float64 at most 6 + 1. Typical data stops early:
+after one or two counting passes a bracket holds a handful of values. Each
+pass costs one evaluation of the formula per pair plus a few integer ops and
+a histogram update; memory is one tile plus O(rows x 2**BITS) counts per row
+block. The result is interpolated exactly like ``torch.quantile`` (ranks in
+the input dtype, ``torch.lerp``; a row containing NaN gives NaN), and its
+gradient flows to the selected entries with the interpolation weights,
+through the formula's VJP on those (row, index) pairs.
+"""
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+
+from . import autograd, engine, ir
+from .reductions import Consumer
+
+BITS = 11
+BUCKETS = 1 << BITS
+CANDIDATES = 64
+
+
+def _ordered_keys(f: torch.Tensor) -> torch.Tensor:
+    """Integers ordered like the floats ``f`` (negatives: magnitude bits flipped)."""
+    itype, top = (torch.int32, 31) if f.dtype == torch.float32 else (torch.int64, 63)
+    bits = f.contiguous().view(itype)
+    return bits ^ ((bits >> top) & ((1 << top) - 1))
+
+
+def _by_target(t: torch.Tensor, channels: int) -> torch.Tensor:
+    """A lowered i-variable (B, n, 1, R*C) as (B, n, R, C, 1)."""
+    return t[:, :, 0].unflatten(-1, (-1, channels)).unsqueeze(-1)
+
+
+def _nan_rows(f: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask, torch.isnan(f), False).any(2)
+
+
+class Histogram(Consumer):
+    """Counts each row's in-bracket keys per bucket; finalize picks the rank's bucket."""
+
+    def __init__(self, expr, base, need, shift, channels: int, ranks: int):
+        self.expressions = [expr, base, need, shift]
+        self.channels, self.ranks = channels, ranks
+        self.dim = channels * ranks
+        self.signature = ("quantile-histogram", channels, ranks, BITS)
+
+    def partial(self, values, mask):
+        f, base, need, shift = values
+        mask = mask > 0
+        keys = _ordered_keys(torch.where(mask, f, 0.0)).transpose(2, 3).unsqueeze(2)  # (B, n, 1, C, m)
+        d = (keys >> shift) - _by_target(base, self.channels)
+        inside = (d >= 0) & (d < BUCKETS) & mask.view(1, 1, 1, 1, -1)
+        index = torch.where(inside, d + 1, 0).flatten(2, 3).long()  # slot 0 collects the rest
+        hist = torch.zeros(*index.shape[:3], BUCKETS + 1, dtype=torch.int64, device=f.device)
+        hist = hist.scatter_add(3, index, torch.ones_like(index))
+        return hist, need[:, :, 0], _nan_rows(f, mask)
+
+    def combine(self, state, partial, offset):
+        if state is None:
+            return partial
+        return state[0] + partial[0], state[1], state[2] | partial[2]
+
+    def finalize(self, state, rows, batch):
+        hist, need, nan = state
+        counts = hist[..., 1:]
+        cum = counts.cumsum(-1)
+        bucket = (cum <= need.unsqueeze(-1)).sum(-1, keepdim=True).clamp_max(BUCKETS - 1)
+        before = torch.where(bucket > 0, cum.gather(-1, (bucket - 1).clamp_min(0)), 0)
+        inside = counts.gather(-1, bucket)
+        shape = (batch, rows, self.ranks * self.channels)
+        out = (t.squeeze(-1).expand(shape).contiguous() for t in (bucket, before, inside))
+        return (*out, nan.expand(batch, rows, self.channels).contiguous())
+
+
+class Candidates(Consumer):
+    """The smallest in-bracket values per row and rank; finalize takes position ``need``."""
+
+    def __init__(self, expr, low, high, need, channels: int, ranks: int):
+        self.expressions = [expr, low, high, need]
+        self.channels, self.ranks = channels, ranks
+        self.dim = channels * ranks
+        self.signature = ("quantile-candidates", channels, ranks, CANDIDATES)
+
+    def partial(self, values, mask):
+        f, low, high, need = values
+        mask = mask > 0
+        f = torch.where(mask, f, math.nan).repeat(1, 1, 1, self.ranks)  # (B, n, m, R*C)
+        keys = _ordered_keys(f)
+        inside = (keys >= low) & (keys <= high)
+        f = torch.where(inside, f, math.nan)  # NaN sorts last: outsiders are never picked
+        f = f.expand(*f.shape[:2], mask.shape[2], f.shape[3])
+        best, where = torch.topk(f, min(CANDIDATES, f.shape[2]), dim=2, largest=False, sorted=True)
+        return best, where, need[:, :, 0], _nan_rows(values[0], mask)
+
+    def combine(self, state, partial, offset):
+        best, where, need, nan = partial
+        where = where + offset
+        if state is None:
+            return best, where, need, nan
+        best, where = torch.cat([state[0], best], 2), torch.cat([state[1], where], 2)
+        best, pick = torch.topk(best, min(CANDIDATES, best.shape[2]), dim=2, largest=False, sorted=True)
+        return best, torch.gather(where, 2, pick), need, state[3] | nan
+
+    def finalize(self, state, rows, batch):
+        best, where, need, nan = state
+        pos = need.clamp(0, best.shape[2] - 1).unsqueeze(2)
+        pos = pos.expand(best.shape[0], best.shape[1], 1, best.shape[3])
+        shape = (batch, rows, self.ranks * self.channels)
+        value = best.gather(2, pos).squeeze(2).expand(shape).contiguous()
+        index = where.expand(*best.shape).gather(2, pos).squeeze(2).expand(shape).contiguous()
+        return value, index, nan.expand(batch, rows, self.channels).contiguous()
+
+
+def _with_variables(problem: engine.Problem, extra: list[tuple[torch.Tensor, str]]):
+    """The problem plus new variables (tensors after the formula's own)."""
+    syms = [ir.new_variable_symbol() for _ in extra]
+    info, tensors = dict(problem.info), dict(problem.tensors)
+    for sym, (tensor, axis) in zip(syms, extra):
+        info[sym] = ir.VarInfo(axis, tensor.shape[-1])
+        tensors[sym] = tensor
+    return engine.Problem(info, tensors, problem.order + syms), syms
+
+
+def select_ranks(expr: sympy.Expr, problem: engine.Problem, ranks: torch.Tensor, *, backend="auto", chunk_size=None):
+    """Values and indices (B, N, R, C) of the rank-r order statistics over j, and NaN rows (B, N, C)."""
+    channels = ir.feature_dim(expr, problem.info)
+    batch, n, m = problem.batch, problem.size("i"), problem.size("j")
+    nranks = ranks.numel()
+    itype = torch.int32 if problem.dtype == torch.float32 else torch.int64
+    nbits = torch.iinfo(itype).bits
+    device = problem.device
+
+    def per_target(t: torch.Tensor, dtype=itype) -> torch.Tensor:
+        return t.to(dtype).reshape(batch, n, nranks * channels)
+
+    rank = ranks.to(device).view(1, 1, -1, 1).expand(batch, n, nranks, channels)
+    below = torch.zeros_like(rank)
+    low = torch.full_like(rank, torch.iinfo(itype).min)
+    high = torch.full_like(rank, torch.iinfo(itype).max)
+    nan = torch.zeros(batch, n, channels, dtype=torch.bool, device=device)
+    # The first pass buckets the top BITS bits of all keys (base -2**(BITS-1)).
+    shift, base = nbits - BITS, torch.full_like(rank, -(1 << (BITS - 1)))
+    count_max = m
+    while count_max > CANDIDATES:
+        passing, (vb, vn, vs) = _with_variables(
+            problem, [(per_target(base), "i"), (per_target(rank - below, torch.int64), "i"),
+                      (torch.tensor([shift], dtype=itype, device=device), "p")]
+        )
+        consumer = Histogram(expr, vb, vn, vs, channels, nranks)
+        ((bucket, before, inside, nan_pass),) = engine.stream(passing, [consumer], backend=backend, chunk_size=chunk_size)
+        unflat = lambda t: t.reshape(batch, n, nranks, channels)  # noqa: E731
+        prefix = base + unflat(bucket)
+        below = below + unflat(before)
+        nan = nan | nan_pass
+        low = prefix << shift
+        high = low + ((1 << shift) - 1)
+        counts = unflat(inside).masked_fill(nan.unsqueeze(2), 0)
+        count_max = int(counts.max()) if shift > 0 else 0  # shift 0: a single key, all values equal
+        next_shift = max(shift - BITS, 0)
+        base, shift = prefix << (shift - next_shift), next_shift
+    passing, (vl, vh, vn) = _with_variables(
+        problem, [(per_target(low), "i"), (per_target(high), "i"), (per_target(rank - below, torch.int64), "i")]
+    )
+    consumer = Candidates(expr, vl, vh, vn, channels, nranks)
+    ((value, index, nan_pass),) = engine.stream(passing, [consumer], backend=backend, chunk_size=chunk_size)
+    shape = (batch, n, nranks, channels)
+    return value.reshape(shape), index.reshape(shape), nan | nan_pass
+
+
+def quantile_ranks(q, m: int, dtype: torch.dtype, device):
+    """torch.quantile's ranks: q (M-1) in the input dtype, its floor, ceil and weight."""
+    if isinstance(q, bool) or not isinstance(q, (int, float, torch.Tensor)):
+        raise TypeError(f"q must be a float or a 1-D tensor of floats, got {type(q).__name__}")
+    scalar = not isinstance(q, torch.Tensor) or q.dim() == 0
+    qt = torch.as_tensor(q, device=device, dtype=None if isinstance(q, torch.Tensor) else dtype)
+    if qt.dim() > 1:
+        raise ValueError(f"q must be a float or a 1-D tensor, got a tensor of shape {tuple(qt.shape)}")
+    if qt.numel() == 0:
+        raise ValueError("q must not be empty")
+    if isinstance(q, torch.Tensor) and not q.is_floating_point():
+        raise TypeError(f"q must hold floats, got dtype {q.dtype}")
+    qt = qt.to(dtype).reshape(-1)
+    if torch.isnan(qt).any() or (qt < 0).any() or (qt > 1).any():
+        raise ValueError(f"q values must be in the range [0, 1], got {qt.tolist()}")
+    position = qt * (m - 1)
+    lower = position.to(torch.int64)
+    upper = position.ceil().to(torch.int64)
+    return scalar, lower, upper, position - lower
+
+
+class _Quantile(torch.autograd.Function):
+    """Forward: replay passes; backward: the formula's VJP on the selected pairs."""
+
+    @staticmethod
+    def forward(ctx, spec, q, problem, *tensors):
+        problem = engine.Problem(problem.info, dict(zip(problem.order, tensors)), problem.order)
+        expr, backend, chunk_size = spec
+        _, lower, upper, weight = quantile_ranks(q, problem.size("j"), problem.dtype, problem.device)
+        ranks, inverse = torch.unique(torch.cat([lower, upper]), return_inverse=True)
+        value, index, nan = select_ranks(expr, problem, ranks, backend=backend, chunk_size=chunk_size)
+        nq = lower.numel()
+        lo_at, hi_at = inverse[:nq], inverse[nq:]
+        w = weight.view(1, 1, -1, 1)
+        out = torch.lerp(value[:, :, lo_at], value[:, :, hi_at], w)
+        out = out.masked_fill(nan.unsqueeze(2), math.nan)
+        ctx.spec, ctx.problem = spec, problem
+        ctx.save_for_backward(*tensors, index, lo_at, hi_at, w, nan)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        problem = ctx.problem
+        *tensors, index, lo_at, hi_at, w, nan = ctx.saved_tensors
+        problem = engine.Problem(problem.info, dict(zip(problem.order, tensors)), problem.order)
+        wanted = [s for s, need in zip(problem.order, ctx.needs_input_grad[3:]) if need]
+        if not wanted:
+            return (None, None, None, *[None] * len(tensors))
+        grad = grad.masked_fill(nan.unsqueeze(2), 0.0)
+        selected = torch.zeros_like(index, dtype=grad.dtype)
+        selected.index_add_(2, lo_at, grad * (1 - w))
+        selected.index_add_(2, hi_at, grad * w)
+        reduction = autograd.Reduction("kmin", ctx.spec[0])
+        result = autograd._selected_pairs_vjp(reduction, problem, wanted, selected, index)
+        return (None, None, None, *[result.get(s) for s in problem.order])
+
+
+def streamed_quantile(expr: sympy.Expr, problem: engine.Problem, q, *, backend="auto", chunk_size=None):
+    """Exact q-quantile over the problem's j axis: (B, N, C) for a float q, (B, N, Q[, C]) for a 1-D tensor."""
+    if problem.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"quantile supports float32 and float64 formulas, got {problem.dtype}")
+    scalar, *_ = quantile_ranks(q, problem.size("j"), problem.dtype, problem.device)  # validates q early
+    if isinstance(q, torch.Tensor):
+        q = q.detach()
+    tensors = [problem.tensors[s] for s in problem.order]
+    out = _Quantile.apply((expr, backend, chunk_size), q, problem, *tensors)  # (B, N, Q, C)
+    if scalar:
+        return out[:, :, 0]
+    return out.squeeze(-1) if out.shape[-1] == 1 else out

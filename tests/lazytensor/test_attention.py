@@ -1,0 +1,81 @@
+"""Streamed attention == F.scaled_dot_product_attention: values and gradients, masks, errors."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lazytensor as lt
+
+
+def inputs(dtype, batch=(2, 3), L=13, S=17, d=8, dv=5):
+    q = torch.randn(*batch, L, d, dtype=dtype, requires_grad=True)
+    k = torch.randn(*batch, S, d, dtype=dtype, requires_grad=True)
+    v = torch.randn(*batch, S, dv, dtype=dtype, requires_grad=True)
+    return q, k, v
+
+
+def compare(q, k, v, dtype, wrt=(), chunk=(4, 5), **kw):
+    out = lt.attention(q, k, v, chunk_size=chunk, **kw)
+    ref = F.scaled_dot_product_attention(q, k, v, **kw)
+    tol = dict(rtol=1e-10, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, ref, **tol)
+    w = torch.randn_like(ref)
+    tensors = [q, k, v, *wrt]
+    for a, b in zip(torch.autograd.grad((out * w).sum(), tensors), torch.autograd.grad((ref * w).sum(), tensors)):
+        torch.testing.assert_close(a, b, **tol)
+
+
+def bool_mask(*shape):
+    mask = torch.rand(*shape) > 0.3
+    mask[..., 2, :] = False  # a query with no allowed key: zeros, like SDPA
+    return mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(
+    "case", ["plain", "causal", "bool", "bool-broadcast", "additive", "additive-key-padding", "scale", "one-tile"]
+)
+def test_attention_matches_sdpa(dtype, case):
+    q, k, v = inputs(dtype)
+    kw, wrt, chunk = {}, (), (4, 5)
+    if case == "causal":
+        kw = dict(is_causal=True)
+    elif case == "bool":
+        kw = dict(attn_mask=bool_mask(2, 3, 13, 17))
+    elif case == "bool-broadcast":
+        kw = dict(attn_mask=bool_mask(13, 17))
+    elif case == "additive":
+        mask = torch.randn(2, 1, 13, 17, dtype=dtype, requires_grad=True)
+        kw, wrt = dict(attn_mask=mask), (mask,)
+    elif case == "additive-key-padding":
+        mask = torch.randn(2, 1, 1, 17, dtype=dtype, requires_grad=True)
+        kw, wrt = dict(attn_mask=mask), (mask,)
+    elif case == "scale":
+        kw = dict(scale=0.3)
+    elif case == "one-tile":
+        chunk = None
+    compare(q, k, v, dtype, wrt, chunk, **kw)
+
+
+def test_causal_with_more_keys_than_queries_and_three_dims():
+    q, k, v = inputs(torch.float64, batch=(3,), L=6, S=11)
+    compare(q, k, v, torch.float64, is_causal=True)
+
+
+def test_bad_inputs_are_named():
+    q, k, v = inputs(torch.float32)
+    with pytest.raises(ValueError, match="attn_mask"):
+        lt.attention(q, k, v, attn_mask=torch.ones(13, 16, dtype=torch.bool))
+    with pytest.raises(TypeError, match="attn_mask"):
+        lt.attention(q, k, v, attn_mask=torch.ones(13, 17, dtype=torch.int64))
+    with pytest.raises(ValueError, match="not both"):
+        lt.attention(q, k, v, attn_mask=torch.ones(13, 17, dtype=torch.bool), is_causal=True)
+    with pytest.raises(ValueError, match="feature size"):
+        lt.attention(q, k[..., :4], v)
+    with pytest.raises(ValueError, match="length"):
+        lt.attention(q, k, v[..., :3, :])
+    with pytest.raises(ValueError, match="batch dims"):
+        lt.attention(q, k[:1], v[:1])
+    with pytest.raises(TypeError, match="dtypes"):
+        lt.attention(q, k.double(), v)
+    with pytest.raises(ValueError, match="impl"):
+        lt.attention(q, k, v, impl="fast")
