@@ -142,7 +142,7 @@ def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: floa
         info.matvecs += 1
         true_norm[active] = R[:, active].norm(dim=0)
         stalled = (true_norm[active] > target[active]) & (true_norm[active] >= 0.5 * previous)
-        if stalled.any():  # a whole restart cycle did not even halve the residual: the precision floor
+        if info.iterations < maxiter and stalled.any():  # a whole cycle did not halve it: the precision floor
             stopped[active[stalled]] = True
             reason = "stagnation"
     done = true_norm <= target

@@ -1,0 +1,126 @@
+"""Block CG, block Lanczos and block Golub-Kahan against dense factorizations; failure reporting."""
+import pytest
+import torch
+
+from solvers import RBF, FunctionOperator, Jacobi, StoredKernel, StreamedKernel, cg, golub_kahan_svds, lanczos_eigsh
+from solvers import nystrom
+
+
+def _spd(n, dtype=torch.float64, seed=0, alpha=0.5):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 4, generator=g, dtype=dtype)
+    K = RBF(0.25).tile(X, X)
+    return X, K, K + alpha * torch.eye(n, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype,rtol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
+def test_cg_meets_true_residual_per_column(dtype, rtol):
+    _, _, A = _spd(97, dtype)
+    B = torch.randn(97, 3, dtype=dtype) * torch.tensor([1.0, 1e-3, 1e3], dtype=dtype)
+    x, info = cg(A, B, rtol=rtol)
+    true = (B - A @ x).norm(dim=0)
+    assert info.converged and info.reason == "converged"
+    assert (true <= rtol * B.norm(dim=0) * 1.0001).all()
+    torch.testing.assert_close(info.residuals, true, rtol=1e-3, atol=1e-30)
+    ref = torch.linalg.solve(A.double(), B.double())
+    assert ((x.double() - ref).norm(dim=0) / ref.norm(dim=0)).max() < 1e3 * rtol
+
+
+def test_cg_atol_and_vector_rhs():
+    _, _, A = _spd(50)
+    b = torch.randn(50, dtype=torch.float64)
+    x, info = cg(A, b, rtol=0.0, atol=1e-6)
+    assert x.shape == (50,) and info.converged and (b - A @ x).norm() <= 1e-6
+    zero, info0 = cg(A, torch.zeros(50, dtype=torch.float64), rtol=1e-8)
+    assert info0.converged and info0.matvecs == 0 and zero.abs().max() == 0
+
+
+def test_nystrom_cuts_iterations_threefold():
+    X, K, A = _spd(600)
+    S = StreamedKernel(RBF(0.25), X)
+    B = torch.randn(600, 2, dtype=torch.float64)
+    plain_x, plain = cg(A, B, rtol=1e-8)
+    pre_x, pre = cg(A, B, M=nystrom(S, 100, 0.5), rtol=1e-8)
+    jac_x, jac = cg(A, B, M=Jacobi(S.diag(), 0.5), rtol=1e-8)
+    assert plain.converged and pre.converged and jac.converged
+    assert plain.iterations >= 3 * pre.iterations
+    # every solution is within ||A^-1|| * rtol ||b|| <= rtol ||b|| / alpha of the exact one
+    exact = torch.linalg.solve(A, B)
+    for x in (plain_x, pre_x, jac_x):
+        assert ((x - exact).norm(dim=0) <= 1e-8 * B.norm(dim=0) / 0.5).all()
+
+
+def test_cg_reports_maxiter_and_breakdown():
+    _, _, A = _spd(80, alpha=1e-6)
+    B = torch.randn(80, 2, dtype=torch.float64)
+    _, info = cg(A, B, rtol=1e-12, maxiter=3)
+    assert not info.converged and info.reason == "maxiter" and info.iterations == 3
+    assert not info.column_converged.any()
+    indefinite = torch.diag(torch.tensor([1.0, -1.0, 2.0], dtype=torch.float64))
+    _, bad = cg(indefinite, torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64))
+    assert not bad.converged and "positive definite" in bad.reason
+
+
+def test_cg_argument_errors():
+    _, _, A = _spd(10)
+    with pytest.raises(ValueError, match="10 rows"):
+        cg(A, torch.ones(9, dtype=torch.float64))
+    with pytest.raises(ValueError, match="rtol"):
+        cg(A, torch.ones(10, dtype=torch.float64), rtol=-1)
+    with pytest.raises(ValueError, match="NaN"):
+        cg(A, torch.full((10,), float("nan"), dtype=torch.float64))
+    with pytest.raises(TypeError, match="source"):
+        cg([[1.0]], torch.ones(1))
+
+
+@pytest.mark.parametrize("k,width", [(1, 0), (3, 4), (5, 10)])
+def test_lanczos_matches_eigh(k, width):
+    _, K, _ = _spd(150)
+    vals, vecs, info = lanczos_eigsh(StoredKernel(K), k, search_width=width, rtol=1e-10, max_basis=4 * (k + width))
+    ref_vals, ref_vecs = torch.linalg.eigh(K)
+    torch.testing.assert_close(vals, ref_vals.flip(0)[:k], rtol=1e-9, atol=1e-10)
+    assert info.converged
+    overlap = torch.linalg.svdvals(vecs.T @ ref_vecs.flip(1)[:, :k])
+    assert overlap.min() > 1 - 1e-8
+    assert (vecs.gather(0, vecs.abs().argmax(0, keepdim=True)) > 0).all()
+
+
+def test_lanczos_is_deterministic_and_handles_low_rank_and_magnitude():
+    g = torch.Generator().manual_seed(3)
+    W = torch.randn(60, 3, generator=g, dtype=torch.float64)
+    A = W @ W.T - 5 * torch.outer(W[:, 0], W[:, 0]) / W[:, 0].norm() ** 2  # rank 3, one negative eigenvalue
+    a = lanczos_eigsh(A, 3, search_width=4, which="LM", random_state=7)
+    b = lanczos_eigsh(A, 3, search_width=4, which="LM", random_state=7)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    ref = torch.linalg.eigvalsh(A)
+    expect = ref[ref.abs().argsort(descending=True)][:3]
+    torch.testing.assert_close(a[0], expect, rtol=1e-8, atol=1e-9)
+
+
+def test_lanczos_nonconvergence_and_bad_k():
+    _, K, _ = _spd(200)
+    _, _, info = lanczos_eigsh(K, 4, search_width=0, rtol=1e-14, maxiter=2)
+    assert not info.converged and info.reason == "maxiter"
+    with pytest.raises(ValueError, match="k must be"):
+        lanczos_eigsh(K, 201)
+
+
+@pytest.mark.parametrize("shape", [(120, 45), (45, 120)])
+def test_golub_kahan_matches_svd(shape):
+    g = torch.Generator().manual_seed(2)
+    X = torch.randn(shape[0], 3, generator=g, dtype=torch.float64)
+    Y = torch.randn(shape[1], 3, generator=g, dtype=torch.float64)
+    S = StreamedKernel(RBF(0.3), X, Y, chunk_size=16)
+    s, left, right, info = golub_kahan_svds(S, 4, search_width=3, rtol=1e-10, max_basis=14)
+    K = RBF(0.3).tile(X, Y)
+    torch.testing.assert_close(s, torch.linalg.svdvals(K)[:4], rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(K @ right, left * s, atol=1e-8, rtol=0)
+    torch.testing.assert_close(K.T @ left, right * s, atol=1e-8, rtol=0)
+    assert info.converged and info.matvecs == 2 * info.iterations
+
+
+def test_operators_compose():
+    _, K, _ = _spd(30)
+    shifted = FunctionOperator(K.shape, K.dtype, K.device, lambda V: K @ V + 2.0 * V)
+    vals, _, _ = lanczos_eigsh(shifted, 2, search_width=5)
+    torch.testing.assert_close(vals, torch.linalg.eigvalsh(K).flip(0)[:2] + 2.0)

@@ -1,0 +1,84 @@
+"""Streamed products against the stored matrix: every product, ragged blocks, float32 tiles, gradients."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solvers import RBF, Matern, StoredKernel, StreamedKernel
+
+
+def _data(n, m, d, c, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, d, generator=g, dtype=dtype), torch.randn(m, d, generator=g, dtype=dtype),
+            torch.randn(m, c, generator=g, dtype=dtype), torch.randn(n, c, generator=g, dtype=dtype))
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(1, 40), m=st.integers(1, 40), d=st.integers(1, 5), c=st.integers(1, 4),
+       chunk=st.integers(1, 17))
+def test_products_match_dense(n, m, d, c, chunk):
+    X, Y, V, U = _data(n, m, d, c)
+    kernel = Matern(2.5, 0.5)
+    K = kernel.tile(X, Y)
+    S = StreamedKernel(kernel, X, Y, chunk_size=chunk)
+    assert S.shape == (n, m) and S.dtype == torch.float64
+    torch.testing.assert_close(S @ V, K @ V, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(S.T @ U, K.T @ U, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(S.gram(V), K.T @ (K @ V), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(S @ V[:, 0], K @ V[:, 0], rtol=1e-12, atol=1e-12)
+    idx = torch.tensor([0, m - 1])
+    torch.testing.assert_close(S.columns(idx), K[:, idx])
+
+
+def test_square_source_diag_and_stored_equivalence():
+    X, _, V, _ = _data(37, 37, 3, 2)
+    S = StreamedKernel(RBF(0.4), X, chunk_size=5)
+    D = StoredKernel(RBF(0.4).tile(X, X))
+    torch.testing.assert_close(S.diag(), D.diag())
+    torch.testing.assert_close(S @ V, D @ V)
+    torch.testing.assert_close(S.T @ V, D.T @ V)
+    with pytest.raises(ValueError, match="square"):
+        StreamedKernel(RBF(0.4), X, X[:5]).diag()
+
+
+def test_float32_tiles_accumulate_in_float64():
+    X, _, V, _ = _data(300, 300, 8, 2)
+    exact = StreamedKernel(RBF(1 / 8), X) @ V
+    fast = StreamedKernel(RBF(1 / 8), X, tile_dtype=torch.float32, chunk_size=64) @ V
+    assert fast.dtype == torch.float64
+    err = ((fast - exact).abs().max() / exact.abs().max()).item()
+    assert 1e-12 < err < 1e-6  # single-precision entries, double accumulation
+
+
+def test_default_chunk_follows_memory_budget():
+    X = torch.randn(10, 2, dtype=torch.float64)
+    Y = torch.randn(4096, 2, dtype=torch.float64)
+    assert StreamedKernel(RBF(1.0), X, Y).chunk_size == (8 << 20) // (4096 * 8)
+
+
+def test_product_gradients_stream():
+    X, Y, V, _ = _data(9, 7, 2, 3)
+    gamma = torch.tensor(0.6, dtype=torch.float64, requires_grad=True)
+
+    def f(x, y, v, g):
+        return StreamedKernel(Matern(1.5, g), x, y, chunk_size=4) @ v
+
+    inputs = [t.clone().requires_grad_() for t in (X, Y, V)] + [gamma]
+    torch.autograd.gradcheck(f, inputs)
+
+
+def test_bad_inputs():
+    X, Y, V, _ = _data(5, 4, 2, 1)
+    S = StreamedKernel(RBF(1.0), X, Y)
+    with pytest.raises(ValueError, match="4 rows"):
+        S @ torch.ones(5, 1, dtype=torch.float64)
+    with pytest.raises(TypeError, match="dtype"):
+        S @ V.float()
+    with pytest.raises(TypeError, match="V must be a torch.Tensor"):
+        S @ [1.0]
+    with pytest.raises(ValueError, match="features"):
+        StreamedKernel(RBF(1.0), X, torch.randn(3, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="chunk_size"):
+        StreamedKernel(RBF(1.0), X, chunk_size=0)
+    with pytest.raises(ValueError, match="X must be a floating"):
+        StreamedKernel(RBF(1.0), torch.ones(3, dtype=torch.float64))
