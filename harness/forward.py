@@ -153,7 +153,7 @@ def path_cases(dtype, device, batch: int) -> list[tuple]:
 
     def subspace_batch(subspace):
         return CandidateBatch(base, [CandidateGroup(torch.arange(b.offset, b.offset + b.dim, device=device), noise(2 * min(b.dim, 8), b.dim))
-                                     for b in subspace.blocks])
+                                     for b in subspace.blocks], subspace)
 
     hybrid = HybridSubspace.from_layout(net, rank=8, max_subspace_dim=512)
     factored = FactoredSubspace(net, rank=4)

@@ -85,7 +85,7 @@ class SignPairs:
 
     representatives: torch.Tensor  # (R,) candidate rows computed
     inverse: torch.Tensor  # (C,) representative of each candidate
-    signs: torch.Tensor  # (C,) +1 or -1
+    signs: torch.Tensor  # (C,) +1 or -1 relative to the representative's row
 
     def expand(self, correction: torch.Tensor) -> torch.Tensor:
         """(R, M, u) corrections of the representatives -> (C, M, u): exact, since negation is."""
@@ -104,7 +104,7 @@ def sign_pairs(delta: torch.Tensor) -> SignPairs | None:
         return None
     rows = torch.arange(count, device=delta.device)
     representatives = torch.full((canonical.shape[0],), count, device=delta.device).scatter_reduce(0, inverse, rows, "amin")
-    return SignPairs(representatives, inverse, signs)
+    return SignPairs(representatives, inverse, signs * signs[representatives][inverse])  # sign relative to the representative
 
 
 @dataclass(eq=False)

@@ -293,7 +293,7 @@ class NNCostEvaluator:
 
     def _replaced(self, slots, values, count, base, inputs, targets) -> torch.Tensor:
         """Candidates given as new values of the parameters ``slots``: dense MLP or functional paths."""
-        if self.plan is not None and self.reuse and slots:
+        if self.plan is not None and self.reuse:  # no slots: the incumbent, a dense pass with no change
             width = sum(self.layout.slots[s].numel for s in slots)
             return self._mlp("dense_bmm", count, width, lambda a, b: replacement_changes(self.plan, values(a, b)), base, inputs, targets)
         if not self.reuse:

@@ -34,15 +34,7 @@ def test_train_minibatches_with_trust_region_compares_on_the_same_batch():
     assert any("rho" in info for info in history.info)
 
 
-@pytest.mark.xfail(reason="NNCostEvaluator.evaluate_batch returned a one-coordinate group's rows swapped "
-                          "(reported in the closing note of issue 5); the contract says losses equal the closure's",
-                   strict=False)
 def test_train_with_registered_evaluator_matches_the_closure_fallback():
-    pytest.importorskip("polytope.evaluators")
-    from polytope.evaluators import NNCostEvaluator
-
-    if not hasattr(NNCostEvaluator, "evaluate_batch"):
-        pytest.skip("NNCostEvaluator.evaluate_batch not built yet")
     finals = []
     for use_evaluator in (True, False):
         model, loss_fn, x, y = problem(2)
