@@ -1,0 +1,229 @@
+"""Operator benchmark: ``python -m harness operators --case CASE ...``.
+
+Cases (N x M pair workloads): ``distance-sum``, ``rbf-matmul``,
+``distance-quantile``, ``kernel-regression``, ``attention`` (queries
+(batch, heads, n, d), keys/values (batch, heads, m, d); ``--channels`` is the
+number of heads there, the value width elsewhere). Variants:
+
+``eager``        the direct broadcast PyTorch formula (may allocate N x M x D);
+``compiled``     the same function under ``torch.compile(fullgraph=True)``;
+``dense``        native named functions (cdist/mm, torch.quantile, SDPA);
+``streamed``     the lazytensor named operator (no N x M storage);
+``event-stream`` the same reduction through ``lazytensor.stream`` (one pass,
+                 consumers subscribed); absent where it is not equivalent.
+
+Every variant's values (and, with ``--backward``, first gradients) are checked
+against ``dense`` before anything is timed; then the first call is timed
+apart, warm-up calls run, and shuffled rounds are timed. CPU peak memory is
+the RSS growth of one call in a child process per variant; on CUDA the extra
+peak allocated bytes above the live baseline. Any failure is recorded as an
+error and the command exits nonzero.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+
+import lazytensor as lt
+
+from . import method, report
+
+console = Console()
+CASES = ("distance-sum", "rbf-matmul", "distance-quantile", "kernel-regression", "attention")
+VARIANTS = ("eager", "compiled", "dense", "streamed", "event-stream")
+GAMMA = 0.5
+QUANTILES = (0.25, 0.5, 0.9)
+KNN_K = 8
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("operators", help="named operators: eager, compiled, dense, streamed, event-stream",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", choices=CASES, default="rbf-matmul")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--n", type=int, default=4096, help="rows (queries)")
+    p.add_argument("--m", type=int, default=None, help="columns (keys); default --n")
+    p.add_argument("--d", type=int, default=3, help="features (head dim for attention)")
+    p.add_argument("--channels", type=int, default=16, help="value width; heads for attention")
+    p.add_argument("--batch", type=int, default=1, help="attention batch")
+    p.add_argument("--chunk-size", type=int, default=None, help="tile size for streamed variants (default: auto)")
+    p.add_argument("--backward", action="store_true", help="also time and check first gradients")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS))
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--no-memory", action="store_true", help="skip the per-variant memory measurement")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", default=None, help="JSON path (default results/operators-<case>.json)")
+    p.set_defaults(func=run)
+
+
+# -- workloads: each case gives inputs and one forward function per variant ----------
+def _inputs(case, n, m, d, channels, batch, dtype, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=dtype).to(device)
+
+    if case == "attention":
+        return {"q": rand(batch, channels, n, d), "k": rand(batch, channels, m, d), "v": rand(batch, channels, m, d)}
+    inputs = {"x": rand(n, d), "y": rand(m, d)}
+    if case in ("rbf-matmul", "kernel-regression"):
+        inputs["b"] = rand(m, channels)
+    return inputs
+
+
+def _broadcast(case, chunk):
+    """The direct broadcast formula of each case (the eager / compiled variants)."""
+    def sqd(x, y):
+        return ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)
+
+    if case == "distance-sum":
+        return lambda x, y: sqd(x, y).sqrt().sum(1)
+    if case == "rbf-matmul":
+        return lambda x, y, b: (torch.exp(-GAMMA * sqd(x, y))[:, :, None] * b[None]).sum(1)
+    if case == "kernel-regression":
+        return lambda x, y, b: (torch.softmax(-GAMMA * sqd(x, y), 1)[:, :, None] * b[None]).sum(1)
+    if case == "distance-quantile":
+        return lambda x, y: torch.quantile(sqd(x, y).sqrt(), torch.tensor(QUANTILES, dtype=x.dtype, device=x.device), dim=1).T
+    return lambda q, k, v: torch.softmax((q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1]), -1) @ v
+
+
+def _named(case, impl, chunk):
+    kw = {"impl": impl} if impl == "dense" else {"impl": impl, "chunk_size": chunk}
+    if case == "distance-sum":
+        return lambda x, y: lt.distance_sum(x, y, **kw)
+    if case == "rbf-matmul":
+        return lambda x, y, b: lt.rbf_matmul(x, y, b, GAMMA, **kw)
+    if case == "kernel-regression":
+        return lambda x, y, b: lt.kernel_regression(x, y, b, GAMMA, **kw)
+    if case == "distance-quantile":
+        return lambda x, y: lt.distance_quantile(x, y, torch.tensor(QUANTILES, dtype=x.dtype), **kw)
+    return lambda q, k, v: lt.attention(q, k, v, **kw)
+
+
+def _events(case, chunk):
+    """The case through ``lazytensor.stream``; None where no reduction expresses it."""
+    kw = {"chunk_size": chunk}
+    if case == "distance-sum":
+        return lambda x, y: lt.stream(lt.Vi(x).sqdist(lt.Vj(y)).sqrt(), ["sum"], **kw)[0].squeeze(-1)
+    if case == "rbf-matmul":
+        return lambda x, y, b: lt.stream((-GAMMA * lt.Vi(x).sqdist(lt.Vj(y))).exp() * lt.Vj(b), ["sum"], **kw)[0]
+    if case == "kernel-regression":
+        return lambda x, y, b: lt.stream(-GAMMA * lt.Vi(x).sqdist(lt.Vj(y)), [("softmax_weighted_sum", b)], **kw)[0]
+    return None
+
+
+def _variant_function(case, name, chunk):
+    if name == "eager":
+        return _broadcast(case, chunk)
+    if name == "compiled":
+        return torch.compile(_broadcast(case, chunk), fullgraph=True, dynamic=False)
+    if name == "event-stream":
+        return _events(case, chunk)
+    return _named(case, name, chunk)
+
+
+def _differentiable(case):
+    return ("q", "k", "v") if case == "attention" else ("x", "y", "b")
+
+
+def workload(case, name, n, m, d, channels, batch, dtype, device, seed, chunk, backward) -> Callable | None:
+    """A zero-argument call of one variant (inputs built here), returning (out, grads)."""
+    fn = _variant_function(case, name, chunk)
+    if fn is None:
+        return None
+    inputs = _inputs(case, n, m, d, channels, batch, getattr(torch, dtype), device, seed)
+    if backward:
+        for key in _differentiable(case):
+            if key in inputs:
+                inputs[key].requires_grad_()
+    weight = None
+
+    def call():
+        nonlocal weight
+        out = fn(**inputs)
+        if not backward:
+            return out.detach(), ()
+        if weight is None:
+            weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=out.dtype).to(out.device)
+        wrt = [t for t in inputs.values() if t.requires_grad]
+        return out.detach(), torch.autograd.grad((out * weight).sum(), wrt)
+
+    return call
+
+
+def memory_workload(**kwargs):
+    """Entry for the per-variant memory child (see harness.method.peak_rss_growths_in_subprocess)."""
+    return workload(**kwargs)
+
+
+def _encode(obj):
+    return dataclasses.asdict(obj) if isinstance(obj, method.VariantResult) else str(obj)
+
+
+# -- the command ------------------------------------------------------------------
+def _validate(results, reference, tolerance):
+    errors = {"value": method.relative_error(results[0], reference[0])}
+    for k, (a, b) in enumerate(zip(results[1], reference[1])):
+        errors[f"grad{k}"] = method.relative_error(a, b)
+    worst = max(errors.values())
+    if not worst <= tolerance:
+        raise method.BenchmarkError(f"relative error {worst:.2e} above {tolerance:.0e}: {errors}")
+    return errors
+
+
+def run(args) -> int:
+    torch.set_num_threads(args.threads)
+    m = args.m or args.n
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown or "dense" not in names:
+        raise SystemExit(f"--variants: unknown {unknown}; known {VARIANTS}, and 'dense' (the reference) is required")
+    config = dict(case=args.case, n=args.n, m=m, d=args.d, channels=args.channels, batch=args.batch, dtype=args.dtype,
+                  device=args.device, seed=args.seed, chunk=args.chunk_size, backward=args.backward)
+    tolerance = method.default_tolerance(getattr(torch, args.dtype))
+    calls, errors, validation = {}, {}, {}
+    reference = workload(name="dense", **config)()
+    for name in names:
+        try:
+            call = workload(name=name, **config)
+            if call is None:
+                errors[name] = "not applicable: no lazytensor.stream reduction expresses this case"
+                continue
+            validation[name] = _validate(call(), reference, tolerance)
+            calls[name] = call
+        except Exception as exc:  # noqa: BLE001 - any failure is recorded, never timed
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    del reference
+    results = method.run_variants(calls, repeats=args.repeats, warmup=args.warmup, device=args.device, seed=args.seed)
+    for name, res in results.items():
+        res.validation = validation[name]
+    if not args.no_memory:
+        for name in calls:
+            try:
+                if torch.device(args.device).type == "cuda":
+                    results[name].peak_extra_bytes, _ = method.measure_cuda_peak(calls[name], args.device)
+                else:
+                    (results[name].peak_extra_bytes,) = method.peak_rss_growths_in_subprocess(
+                        "harness.operators:memory_workload", [dict(name=name, **config)], threads=args.threads)
+            except Exception as exc:  # noqa: BLE001
+                errors[name] = f"memory measurement failed: {type(exc).__name__}: {exc}"
+    for name, message in errors.items():
+        results[name] = method.VariantResult(name, error=message)
+    record = {"command": "operators", "config": config, "tolerance": tolerance, "variants": results,
+              "repeats": args.repeats, "warmup": args.warmup}
+    output = args.output or f"results/operators-{args.case}.json"
+    method.write_json(output, record)
+    table, _ = report.table_for(json.loads(json.dumps(record, default=_encode)), f"operators {args.case} ({output})", "dense")
+    console.print(table)
+    failed = [n for n, msg in errors.items() if not msg.startswith("not applicable")]
+    return 1 if failed else 0

@@ -1,0 +1,87 @@
+"""``python -m harness report FILE.json ...``: comparison tables of saved runs.
+
+Reads the JSON records any benchmark command wrote and prints, per record,
+each variant's median time, IQR, peak extra memory and validation error,
+with ratios to the reference variant (``dense`` when present). A record
+holding an error entry is shown in red; the exit code is nonzero when any
+file is unreadable or any variant failed.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("report", help="print comparison tables of saved benchmark JSON", description=__doc__)
+    p.add_argument("files", nargs="+", help="JSON records written by python -m harness ...")
+    p.add_argument("--reference", default="dense", help="variant the ratios divide by (default: dense)")
+    p.set_defaults(func=run)
+
+
+def _variants(record: dict) -> dict[str, dict]:
+    """Variant name -> result dict, for records that keep them under 'variants' (dict or list)."""
+    variants = record.get("variants", {})
+    if isinstance(variants, list):
+        return {v.get("name", str(k)): v for k, v in enumerate(variants)}
+    return variants if isinstance(variants, dict) else {}
+
+
+def _fmt(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def table_for(record: dict, title: str, reference: str) -> tuple[Table, bool]:
+    variants = _variants(record)
+    ref = variants.get(reference, {})
+    ref_time = (ref.get("summary") or {}).get("median")
+    ref_mem = ref.get("peak_extra_bytes")
+    table = Table(title=title)
+    for col in ("variant", "median s", "IQR s", f"x {reference} time", "peak MiB", f"x {reference} mem", "max rel err", "note"):
+        table.add_column(col, justify="left" if col in ("variant", "note") else "right")
+    failed = False
+    for name, v in variants.items():
+        error = v.get("error")
+        if error:
+            failed = failed or not str(error).startswith("not applicable")
+            table.add_row(name, "", "", "", "", "", "", f"[red]{error[:80]}[/red]")
+            continue
+        median = (v.get("summary") or {}).get("median")
+        mem = v.get("peak_extra_bytes")
+        errors = [e for e in (v.get("validation") or {}).values() if isinstance(e, (int, float))]
+        table.add_row(
+            name,
+            _fmt(median, ".3f"),
+            _fmt((v.get("summary") or {}).get("iqr"), ".3f"),
+            _fmt(median / ref_time if median is not None and ref_time else None, ".2f"),
+            _fmt(mem / 2**20 if mem is not None else None, ".1f"),
+            _fmt(mem / ref_mem if mem is not None and ref_mem else None, ".4f"),
+            _fmt(max(errors) if errors else None, ".1e"),
+            "",
+        )
+    return table, failed
+
+
+def run(args) -> int:
+    status = 0
+    for path in args.files:
+        try:
+            record = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            console.print(f"[red]{path}: cannot read ({exc})[/red]")
+            status = 1
+            continue
+        config = record.get("config", {})
+        title = f"{path}: {record.get('command', '?')} " + " ".join(f"{k}={v}" for k, v in config.items())
+        if not _variants(record):
+            console.print(f"[yellow]{path}: no variant results in this record[/yellow]")
+            continue
+        table, failed = table_for(record, title, args.reference)
+        console.print(table)
+        status = status or int(failed)
+    return status
