@@ -7,7 +7,7 @@ tile function made of differentiable torch operations (``RBF``, ``Laplacian``,
 from .base import AUTO_DIRECT_MAX_N, ConvergenceWarning, NotFittedError
 from .kernels import RBF, CallableKernel, Kernel, Laplacian, Matern, as_kernel
 from .krylov import KrylovInfo, cg, golub_kahan_svds, lanczos_eigsh
-from .preconditioners import Jacobi, LowRankShift, nystrom
+from .preconditioners import Cholesky, Jacobi, LowRankShift, nystrom
 from .ridge import KernelRidge, LandmarkRidge
 from .sources import FunctionOperator, StoredKernel, StreamedKernel
 from .spectral import KernelLDA, KernelPCA, KernelSVD
@@ -17,6 +17,6 @@ __all__ = [
     "Kernel", "RBF", "Laplacian", "Matern", "CallableKernel", "as_kernel",
     "StreamedKernel", "StoredKernel", "FunctionOperator",
     "KrylovInfo", "cg", "lanczos_eigsh", "golub_kahan_svds",
-    "Jacobi", "LowRankShift", "nystrom",
+    "Cholesky", "Jacobi", "LowRankShift", "nystrom",
     "KernelRidge", "LandmarkRidge", "KernelPCA", "KernelLDA", "KernelSVD",
 ]

@@ -4,13 +4,14 @@
 Woodbury identity with one ``r x r`` Cholesky factor; :func:`nystrom` builds
 ``F`` from ``rank`` landmark columns of the kernel (``K ~ C K_rr^+ C^T``), so
 CG only has to resolve what the landmarks miss. :class:`Jacobi` divides by the
-shifted diagonal.
+shifted diagonal. :class:`Cholesky` solves a small system exactly from its
+explicitly formed matrix (the landmark normal equations).
 """
 from __future__ import annotations
 
 import torch
 
-__all__ = ["LowRankShift", "Jacobi", "nystrom", "nystrom_factor"]
+__all__ = ["LowRankShift", "Jacobi", "Cholesky", "nystrom", "nystrom_factor"]
 
 
 class LowRankShift:
@@ -43,6 +44,21 @@ class Jacobi:
 
     def __call__(self, R: torch.Tensor) -> torch.Tensor:
         return R * self.inverse
+
+
+class Cholesky:
+    """``R -> A^{-1} R`` from the Cholesky factor of a small explicit SPD matrix ``A``.
+
+    A jitter of ``size * eps * max|diag|`` guards against roundoff making ``A``
+    numerically indefinite; CG around it still checks the true residual.
+    """
+
+    def __init__(self, A: torch.Tensor):
+        jitter = A.shape[0] * torch.finfo(A.dtype).eps * A.diagonal().abs().max()
+        self.chol = torch.linalg.cholesky(A + jitter * torch.eye(A.shape[0], dtype=A.dtype, device=A.device))
+
+    def __call__(self, R: torch.Tensor) -> torch.Tensor:
+        return torch.cholesky_solve(R, self.chol)
 
 
 def nystrom_factor(source, rank: int, random_state: int = 0) -> torch.Tensor:

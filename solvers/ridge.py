@@ -6,12 +6,13 @@ import torch
 from .base import Estimator, check_count, check_points, check_positive, check_targets
 from .implicit import LinearSystem, landmark_solve, ridge_solve
 from .krylov import KrylovInfo, cg
-from .preconditioners import Jacobi, nystrom
+from .preconditioners import Cholesky, Jacobi, nystrom
 from .sources import FunctionOperator, StreamedKernel
 
 __all__ = ["KernelRidge", "LandmarkRidge"]
 
 PRECONDITIONERS = (None, "nystrom", "jacobi")
+NORMAL_FACTOR_MAX = 4096  # landmarks up to which the m x m normal matrix (128 MiB in float64) is factored
 
 
 def _direct_info(residuals: torch.Tensor) -> KrylovInfo:
@@ -153,11 +154,29 @@ class LandmarkRidge(_Ridge):
             a = float(alpha.detach())
             operator = FunctionOperator((m, m), X.dtype, X.device,
                                         lambda V: K_nm.gram(V) + a * K_mm.matmul_nograd(V))
-            system = self._system(operator, self._kernel, None, self._rtol(X.dtype))
+            system = self._system(operator, self._kernel, self._normal_factor(operator), self._rtol(X.dtype))
             coef, info = landmark_solve(system, K_nm.rmatmul_nograd(Y.detach()), X, L, Y, alpha)
         self.landmarks_, self.coef_, self.info_ = L, coef, info
         self._report(info, "the fit")
         return self
+
+    @staticmethod
+    def _normal_factor(operator) -> Cholesky | None:
+        """The m x m normal matrix, formed in one streamed pass, factored as CG's preconditioner.
+
+        It makes CG converge in one or two iterations (unpreconditioned, the
+        squared conditioning of K_nm took ~800 at n=2048, m=256). Above
+        ``NORMAL_FACTOR_MAX`` landmarks, or if roundoff defeats the factorization,
+        CG runs without it.
+        """
+        m = operator.shape[0]
+        if m > NORMAL_FACTOR_MAX:
+            return None
+        normal = operator.matmul_nograd(torch.eye(m, dtype=operator.dtype, device=operator.device))
+        try:
+            return Cholesky((normal + normal.T) / 2)
+        except torch.linalg.LinAlgError:
+            return None
 
     def predict(self, X) -> torch.Tensor:
         self._check_fitted("coef_")
