@@ -9,6 +9,7 @@ file is unreadable or any variant failed.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from rich.console import Console
@@ -21,6 +22,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("report", help="print comparison tables of saved benchmark JSON", description=__doc__)
     p.add_argument("files", nargs="+", help="JSON records written by python -m harness ...")
     p.add_argument("--reference", default="dense", help="variant the ratios divide by (default: dense)")
+    p.add_argument("--markdown", action="store_true", help="print Markdown tables (for docs/) instead of rich tables")
     p.set_defaults(func=run)
 
 
@@ -67,6 +69,16 @@ def table_for(record: dict, title: str, reference: str) -> tuple[Table, bool]:
     return table, failed
 
 
+def markdown(table: Table) -> str:
+    """A rich table as a Markdown pipe table (markup such as [red] dropped)."""
+    cells = [[str(c) for c in col._cells] for col in table.columns]
+    strip = lambda text: re.sub(r"\[/?[a-z ]+\]", "", text).replace("|", "/")  # noqa: E731
+    lines = ["| " + " | ".join(str(col.header) for col in table.columns) + " |",
+             "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(strip(col[r]) for col in cells) + " |" for r in range(table.row_count)]
+    return "\n".join(lines)
+
+
 def run(args) -> int:
     status = 0
     for path in args.files:
@@ -82,6 +94,9 @@ def run(args) -> int:
             console.print(f"[yellow]{path}: no variant results in this record[/yellow]")
             continue
         table, failed = table_for(record, title, args.reference)
-        console.print(table)
+        if args.markdown:
+            print(f"**{title}**\n\n{markdown(table)}\n")
+        else:
+            console.print(table)
         status = status or int(failed)
     return status
