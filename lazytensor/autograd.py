@@ -123,17 +123,14 @@ def _streamed_vjp(reduction, problem, wanted, grad, outs):
     pairs, extra = _cotangent_pairs(reduction, problem, grad, outs)
     full = _extend(problem, extra)
     formulas = ir.vjp(pairs, wanted, full.info)
-    result = {}
-    for axis, prob in (("i", full), ("j", full.swapped())):
-        # parameters ride along with the row pass: sum over j, then over rows
-        syms = [s for s in wanted if problem.info[s].axis == axis or (axis == "i" and problem.info[s].axis == "p")]
-        if not syms:
-            continue
-        consumers = [reductions.Sum(formulas[s], prob.info, problem.info[s].dim) for s in syms]
-        outs_ = engine.stream(prob, consumers, backend=reduction.backend, chunk_size=reduction.chunk_size)
-        for s, (g,) in zip(syms, outs_):
-            result[s] = _reduce_grad(g, problem.tensors[s], problem.info[s].axis)
-    return result
+    # One pass for every input: i-variables and parameters sum over j (rows), j-variables over i
+    # (ColumnSum), so each tile of the formula and its derivatives is evaluated once.
+    consumers = [
+        (reductions.ColumnSum if problem.info[s].axis == "j" else reductions.Sum)(formulas[s], full.info, problem.info[s].dim)
+        for s in wanted
+    ]
+    outs_ = engine.stream(full, consumers, backend=reduction.backend, chunk_size=reduction.chunk_size)
+    return {s: _reduce_grad(g, problem.tensors[s], problem.info[s].axis) for s, (g,) in zip(wanted, outs_)}
 
 
 def _selected_pairs_vjp(reduction, problem, wanted, grad, index):

@@ -143,20 +143,33 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
     n, m, batch = problem.size("i"), problem.size("j"), problem.batch
     params = [problem.tensors[s] for s in p_syms]
     device = problem.device
+    by_column = [getattr(c, "axis", "i") == "j" for c in consumers]  # ColumnSum: state spans all columns
     results: list[list[tuple]] = [[] for _ in consumers]
+    like = next(iter(problem.tensors.values()))
+    column_states = {k: c.initial_state(batch, m, like) for k, c in enumerate(consumers) if by_column[k]}
     for r0 in range(0, n, plan.rows):
         r1 = min(r0 + plan.rows, n)
         width = plan.rows if compiled else r1 - r0
         rows = [_block(problem.tensors[s], r0, r1, width) for s in i_syms]
-        states = [None] * len(consumers)
+        rowmask = _valid(width, r1 - r0, problem.dtype, device).view(1, width, 1, 1)
+        states = [column_states.get(k) for k in range(len(consumers))]
         for c0 in range(0, m, plan.cols):
             c1 = min(c0 + plan.cols, m)
             cwidth = plan.cols if compiled else c1 - c0
             cols = [_block(problem.tensors[s], c0, c1, cwidth) for s in j_syms]
-            mask = (torch.arange(cwidth, device=device) < (c1 - c0)).to(problem.dtype).view(1, 1, cwidth, 1)
-            partials = kernel(rows, cols, params, mask)
-            states = [c.combine(st, p, c0) for c, st, p in zip(consumers, states, partials)]
+            mask = _valid(cwidth, c1 - c0, problem.dtype, device).view(1, 1, cwidth, 1)
+            partials = kernel(rows, cols, params, mask, rowmask)
+            where = [slice(c0, c1) if column else c0 for column in by_column]
+            states = [c.combine(st, p, at) for c, st, p, at in zip(consumers, states, partials, where)]
         for k, c in enumerate(consumers):
-            outs = c.finalize(states[k], width, batch)
-            results[k].append(tuple(o[:, : r1 - r0] for o in outs))
+            if not by_column[k]:
+                outs = c.finalize(states[k], width, batch)
+                results[k].append(tuple(o[:, : r1 - r0] for o in outs))
+    for k, state in column_states.items():
+        results[k].append(consumers[k].finalize(state, m, batch))
     return [tuple(torch.cat(parts, 1) for parts in zip(*blocks)) for blocks in results]
+
+
+def _valid(width: int, valid: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """1 for the first ``valid`` of ``width`` positions, 0 for padding, in the problem dtype."""
+    return (torch.arange(width, device=device) < valid).to(dtype)

@@ -222,15 +222,16 @@ class TileSource:
 
 
 def tile_function_source(consumers, info, order) -> str:
-    """Text of ``tile(I, J, P, mask)`` returning every consumer's partial."""
+    """Text of ``tile(I, J, P, mask, rowmask)`` returning every consumer's partial."""
     src = TileSource(info, order)
     outputs = []
     for k, consumer in enumerate(consumers):
         values = [src.emit(e) for e in consumer.expressions]
-        src.lines.append(f"c{k} = C{k}.partial([{', '.join(values)}], mask)")
+        which = "rowmask" if getattr(consumer, "axis", "i") == "j" else "mask"
+        src.lines.append(f"c{k} = C{k}.partial([{', '.join(values)}], {which})")
         outputs.append(f"c{k}")
     body = "\n".join("    " + line for line in src.lines)
-    return f"def tile(I, J, P, mask):\n{body}\n    return ({', '.join(outputs)},)\n"
+    return f"def tile(I, J, P, mask, rowmask):\n{body}\n    return ({', '.join(outputs)},)\n"
 
 
 def build_tile_function(consumers, info, order, label: str):

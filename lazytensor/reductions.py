@@ -31,6 +31,20 @@ def _cols(t: torch.Tensor, mask: torch.Tensor, fill: float) -> torch.Tensor:
     return torch.where(mask > 0, t, fill)
 
 
+def _rows_masked(t, rowmask: torch.Tensor) -> torch.Tensor:
+    """A lowered value with padded rows of the tile zeroed (column sums)."""
+    if not isinstance(t, torch.Tensor):
+        t = rowmask.new_full((), t)
+    return torch.where(rowmask > 0, t, 0.0)
+
+
+def _column_side(t):
+    """A j-side value (B, 1, m, C) as (B, m, C); constants and parameters pass through."""
+    if isinstance(t, torch.Tensor) and t.dim() == 4:
+        return t[:, 0]
+    return t
+
+
 def _rows(t):
     """An i-side value (B, n, 1, C) as (B, n, C); constants and parameters pass through."""
     if isinstance(t, torch.Tensor) and t.dim() == 4:
@@ -89,6 +103,55 @@ class Sum(Consumer):
 
     def finalize(self, state, rows, batch):
         return (state[0].expand(batch, rows, self.dim).contiguous(),)
+
+
+class ColumnSum(Sum):
+    """sum_i F for every j, folded in the same pass as row reductions (``axis = "j"``).
+
+    A backward pass needs sums over j (gradients of i-variables) and over i
+    (gradients of j-variables) of formulas sharing the kernel values; one pass
+    with both kinds of consumer evaluates each tile once instead of twice.
+    Terms are split as sum_i F = A_j * (S^T @ W_i) (``sum_terms`` on the
+    flipped axes). Its state is the whole (B, M, D) result, written per column
+    block; padded rows of ragged tiles are masked by ``rowmask`` (1, n, 1, 1).
+    """
+
+    axis = "j"
+
+    def __init__(self, expr: sympy.Expr, info: dict, dim: int | None = None):
+        flip = {"i": "j", "j": "i", "p": "p"}
+        super().__init__(expr, {s: ir.VarInfo(flip[v.axis], v.dim) for s, v in info.items()}, dim)
+        self.signature = ("colsum",) + self.signature[1:]
+
+    def partial(self, values, rowmask):
+        total = 0.0
+        values = iter(values)
+        for kind in self.terms:
+            if kind == "tile":
+                total = total + _rows_masked(next(values), rowmask).sum(1)
+                continue
+            a, s, w = next(values), next(values), next(values)
+            if "s" in kind:
+                s = _rows_masked(s, rowmask)[..., 0].transpose(1, 2)  # (B, m, n)
+                r = torch.matmul(s, w[:, :, 0]) if "w" in kind else s.sum(-1, keepdim=True) * w
+            elif "w" in kind:
+                r = _rows_masked(w, rowmask).sum(1)
+            else:
+                r = rowmask.sum(1) * w
+            total = total + _column_side(a) * r
+        return (total,)
+
+    def combine(self, state, partial, offset: slice):
+        """``offset`` is the column block's slice; ``state`` spans every column."""
+        columns = state[0][:, offset]
+        columns += partial[0][:, : columns.shape[1]].expand_as(columns)  # (B, 1, D) when F is i-only
+        return state
+
+    def initial_state(self, batch: int, columns: int, like: torch.Tensor):
+        return (torch.zeros(batch, columns, self.dim, dtype=like.dtype, device=like.device),)
+
+    def finalize(self, state, rows, batch):
+        return state
 
 
 class LogSumExp(Consumer):
