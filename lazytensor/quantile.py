@@ -13,8 +13,10 @@ and the rank is found radix-select style:
    State per row and rank: prefix, shift, ``below`` - O(N x ranks).
 2. Selection. Once every bracket holds at most ``CANDIDATES`` values (or is
    one key: a tie, every value in it equal), a last pass keeps the smallest
-   ``CANDIDATES`` in-bracket values per row with their indices, and the rank's
-   value is position ``rank - below`` among them.
+   ``CANDIDATES + 1`` in-bracket values per row with their indices, and the
+   rank's value is position ``rank - below`` among them. The same pass keeps
+   the smallest value above the bracket, so the next rank (torch.quantile's
+   upper interpolation end) comes with it: only the lower ranks are searched.
 
 Passes: float32 keys have 32 bits, so at most 3 counting passes (11 bits
 each) plus the selection; float64 at most 6 + 1. Typical data stops early:
@@ -95,7 +97,12 @@ class Histogram(Consumer):
 
 
 class Candidates(Consumer):
-    """The smallest in-bracket values per row and rank; finalize takes position ``need``."""
+    """The smallest in-bracket values per row and rank, and the smallest value above the bracket.
+
+    finalize takes position ``need`` (the rank) and the next order statistic
+    (rank + 1: position ``need + 1`` while it is inside the bracket, else the
+    smallest value above it), so one selection serves both interpolation ends.
+    """
 
     def __init__(self, expr, low, high, need, channels: int, ranks: int):
         self.expressions = [expr, low, high, need]
@@ -108,29 +115,39 @@ class Candidates(Consumer):
         mask = mask > 0
         f = torch.where(mask, f, math.nan).repeat(1, 1, 1, self.ranks)  # (B, n, m, R*C)
         keys = _ordered_keys(f)
-        inside = (keys >= low) & (keys <= high)
-        f = torch.where(inside, f, math.nan)  # NaN sorts last: outsiders are never picked
-        f = f.expand(*f.shape[:2], mask.shape[2], f.shape[3])
-        best, where = torch.topk(f, min(CANDIDATES, f.shape[2]), dim=2, largest=False, sorted=True)
-        return best, where, need[:, :, 0], _nan_rows(values[0], mask)
+        real = ~torch.isnan(f)
+        inside = (keys >= low) & (keys <= high) & real
+        chosen = torch.where(inside, f, math.nan)  # NaN sorts last: outsiders are never picked
+        best, where = torch.topk(chosen, min(CANDIDATES + 1, f.shape[2]), dim=2, largest=False, sorted=True)
+        above, above_at = torch.where((keys > high) & real, f, math.inf).min(2)
+        return best, where, inside.sum(2), above, above_at, need[:, :, 0], _nan_rows(values[0], mask)
 
     def combine(self, state, partial, offset):
-        best, where, need, nan = partial
-        where = where + offset
+        best, where, count, above, above_at, need, nan = partial
+        where, above_at = where + offset, above_at + offset
         if state is None:
-            return best, where, need, nan
+            return best, where, count, above, above_at, need, nan
         best, where = torch.cat([state[0], best], 2), torch.cat([state[1], where], 2)
-        best, pick = torch.topk(best, min(CANDIDATES, best.shape[2]), dim=2, largest=False, sorted=True)
-        return best, torch.gather(where, 2, pick), need, state[3] | nan
+        best, pick = torch.topk(best, min(CANDIDATES + 1, best.shape[2]), dim=2, largest=False, sorted=True)
+        lower = above < state[3]
+        return (best, torch.gather(where, 2, pick), state[2] + count, torch.where(lower, above, state[3]),
+                torch.where(lower, above_at, state[4]), need, state[6] | nan)
 
     def finalize(self, state, rows, batch):
-        best, where, need, nan = state
-        pos = need.clamp(0, best.shape[2] - 1).unsqueeze(2)
-        pos = pos.expand(best.shape[0], best.shape[1], 1, best.shape[3])
+        best, where, count, above, above_at, need, nan = state
+        where = where.expand(*best.shape)
         shape = (batch, rows, self.ranks * self.channels)
-        value = best.gather(2, pos).squeeze(2).expand(shape).contiguous()
-        index = where.expand(*best.shape).gather(2, pos).squeeze(2).expand(shape).contiguous()
-        return value, index, nan.expand(batch, rows, self.channels).contiguous()
+
+        def at(position):
+            pos = position.clamp(0, best.shape[2] - 1).unsqueeze(2).expand(best.shape[0], best.shape[1], 1, best.shape[3])
+            return best.gather(2, pos).squeeze(2), where.gather(2, pos).squeeze(2)
+
+        value, index = at(need)
+        next_value, next_index = at(need + 1)
+        beyond = need + 1 >= count  # rank + 1 lies above the bracket
+        next_value, next_index = torch.where(beyond, above, next_value), torch.where(beyond, above_at, next_index)
+        out = (t.expand(shape).contiguous() for t in (value, index, next_value, next_index))
+        return (*out, nan.expand(batch, rows, self.channels).contiguous())
 
 
 def _with_variables(problem: engine.Problem, extra: list[tuple[torch.Tensor, str]]):
@@ -144,7 +161,10 @@ def _with_variables(problem: engine.Problem, extra: list[tuple[torch.Tensor, str
 
 
 def select_ranks(expr: sympy.Expr, problem: engine.Problem, ranks: torch.Tensor, *, backend="auto", chunk_size=None):
-    """Values and indices (B, N, R, C) of the rank-r order statistics over j, and NaN rows (B, N, C)."""
+    """Values and indices (B, N, 2R, C) of the order statistics of ranks r and then r + 1 over j, and NaN rows (B, N, C).
+
+    (Rank M is out of range: its entries are +inf with an arbitrary index.)
+    """
     channels = ir.feature_dim(expr, problem.info)
     batch, n, m = problem.batch, problem.size("i"), problem.size("j")
     nranks = ranks.numel()
@@ -184,9 +204,11 @@ def select_ranks(expr: sympy.Expr, problem: engine.Problem, ranks: torch.Tensor,
         problem, [(per_target(low), "i"), (per_target(high), "i"), (per_target(rank - below, torch.int64), "i")]
     )
     consumer = Candidates(expr, vl, vh, vn, channels, nranks)
-    ((value, index, nan_pass),) = engine.stream(passing, [consumer], backend=backend, chunk_size=chunk_size)
+    ((value, index, next_value, next_index, nan_pass),) = engine.stream(passing, [consumer], backend=backend,
+                                                                       chunk_size=chunk_size)
     shape = (batch, n, nranks, channels)
-    return value.reshape(shape), index.reshape(shape), nan | nan_pass
+    both = lambda a, b: torch.cat([a.reshape(shape), b.reshape(shape)], 2)  # noqa: E731
+    return both(value, next_value), both(index, next_index), nan | nan_pass
 
 
 def quantile_ranks(q, m: int, dtype: torch.dtype, device):
@@ -218,10 +240,10 @@ class _Quantile(torch.autograd.Function):
         problem = engine.Problem(problem.info, dict(zip(problem.order, tensors)), problem.order)
         expr, backend, chunk_size = spec
         _, lower, upper, weight = quantile_ranks(q, problem.size("j"), problem.dtype, problem.device)
-        ranks, inverse = torch.unique(torch.cat([lower, upper]), return_inverse=True)
+        # upper is lower or lower + 1: select each distinct lower rank once, with its successor
+        ranks, lo_at = torch.unique(lower, return_inverse=True)
         value, index, nan = select_ranks(expr, problem, ranks, backend=backend, chunk_size=chunk_size)
-        nq = lower.numel()
-        lo_at, hi_at = inverse[:nq], inverse[nq:]
+        hi_at = lo_at + ranks.numel() * (upper > lower)
         w = weight.view(1, 1, -1, 1)
         out = torch.lerp(value[:, :, lo_at], value[:, :, hi_at], w)
         out = out.masked_fill(nan.unsqueeze(2), math.nan)
