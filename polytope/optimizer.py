@@ -263,11 +263,25 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         return torch.cat(pieces)
 
     def _probe_groups(self, radii: torch.Tensor) -> list[CandidateGroup]:
-        groups = []
+        """Per block and radius, the (V, m) displacements r * frame @ basis.T, built in the model's dtype.
+
+        Big blocks make this memory-bound (fresh pages cost as much as the
+        arithmetic), so temporaries are avoided: the orthoplex frame is
+        [I; -I], so its displacements are the basis columns, cast and scaled in
+        place, and their negatives; other frames scale the (m, d) basis before
+        the product.
+        """
+        groups, dtype = [], self._x.dtype
         for p, (index, basis) in enumerate(zip(self.blocks, self._bases)):
-            directions = self._frames[self.dims[p]] @ basis.T  # (V, m) unit probe directions
+            d = self.dims[p]
             for k, radius in enumerate(radii.tolist()):
-                delta = (radius * directions).to(self._x.dtype)
+                if self.polytope == "orthoplex":
+                    delta = basis.new_empty(2 * d, index.numel(), dtype=dtype)
+                    delta[:d] = basis.T
+                    delta[:d] *= radius
+                    torch.neg(delta[:d], out=delta[d:])
+                else:
+                    delta = self._frames[d].to(dtype) @ (radius * basis.T).to(dtype)
                 groups.append(CandidateGroup(index, delta, {"block": p, "radius_index": k, "radius": radius}))
         return groups
 
@@ -312,12 +326,14 @@ class PolytopeOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------ the step
     def _rotate(self) -> None:
+        """New random bases. Bases are replaced, never changed in place, so records and models share them."""
         if self.rotation == "none":
             return
         for p, (index, d) in enumerate(zip(self.blocks, self.dims)):
             bias = self._last_move[p] if self.rotation == "last_step" else None
             new = random_basis(index.numel(), d, self._generator, bias=bias)
-            self._velocity[p] = procrustes(self._bases[p], new).T @ self._velocity[p]
+            if self.momentum > 0.0:  # otherwise the next move overwrites the velocity unread
+                self._velocity[p] = procrustes(self._bases[p], new).T @ self._velocity[p]
             self._bases[p] = new
 
     def _plan(self, costs: torch.Tensor) -> torch.Tensor:
@@ -459,13 +475,13 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         reuse = (self.adaptive_probes and record is not None and objective_token is not None
                  and record.token == objective_token and torch.equal(record.point, self._x))
         if reuse:
-            self._bases = [b.clone() for b in record.bases]
+            self._bases = list(record.bases)
             radii, losses = record.radii, record.losses
         else:
             self._rotate()
             radii = self.radii * self._scale * self.step_schedule(t)
             losses = self._probe(radii, closure)
-            self._record = ProbeRecord(self._x.clone(), objective_token, [b.clone() for b in self._bases], radii, losses)
+            self._record = ProbeRecord(self._x.clone(), objective_token, list(self._bases), radii, losses)
         self.last_info["reused_probes"] = reuse
         costs = losses.mean(dim=2)
         plan = self._plan(costs)
@@ -481,7 +497,7 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         for p, index in enumerate(self.blocks):
             self._velocity[p] = self.momentum * self._velocity[p] + moves[p]
             step[index] = self._bases[p] @ self._velocity[p]
-            self._last_move[p] = step[index].clone()
+            self._last_move[p] = step[index]  # indexing with a tensor copies
         self._apply(step)
         self._adapt_radius(moves, losses, mean_radius)
         self.last_info.update(clipped=clipped, incumbent_loss=f_x, scale=self._scale, evaluations=self.evaluations,
@@ -494,7 +510,7 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         if f_x is None:
             self._model = None
             return
-        self._model = (self._x.clone(), token, f_x, [b.clone() for b in self._bases], grads, curvs)
+        self._model = (self._x.clone(), token, f_x, list(self._bases), grads, curvs)
         self._pending.zero_()
 
     def _adapt_radius(self, moves, losses: torch.Tensor, mean_radius: float) -> None:

@@ -51,8 +51,15 @@ class ParameterLayout:
         """Group flat coordinates by parameter: slot -> (positions in ``flat_index``, local offsets)."""
         if flat_index.dim() != 1:
             raise ValueError(f"flat_index must be 1-D, got shape {tuple(flat_index.shape)}")
-        if flat_index.numel() and (int(flat_index.min()) < 0 or int(flat_index.max()) >= self.n):
-            raise ValueError(f"flat_index must lie in [0, {self.n}); got range [{int(flat_index.min())}, {int(flat_index.max())}]")
+        if not flat_index.numel():
+            return {}
+        low, high = int(flat_index.min()), int(flat_index.max())
+        if low < 0 or high >= self.n:
+            raise ValueError(f"flat_index must lie in [0, {self.n}); got range [{low}, {high}]")
+        first, last = self.slot_ids(torch.tensor([low, high])).tolist()
+        if first == last:  # all in one parameter (blocks within tensors): no per-coordinate search
+            positions = torch.arange(flat_index.numel(), device=flat_index.device)
+            return {first: (positions, flat_index - self.slots[first].start)}
         ids = self.slot_ids(flat_index)
         out = {}
         for slot_id in torch.unique(ids).tolist():

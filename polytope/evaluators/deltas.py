@@ -5,6 +5,8 @@ A candidate that moves a few weights of ``y = x @ W.T + b`` changes ``y`` by
 without ever forming ``W + dW``:
 
 * ``SparseTerm``: dW has k nonzero entries (rows, cols): gather + scatter, k x M work;
+* ``DenseTerm``: dW is the whole weight, in order: one batched matmul, no
+  index bookkeeping (per-tensor blocks with a dense frame);
 * ``FactoredTerm``: dW = A @ B: ``(x @ B.T) @ A.T``, r (in + out) x M work;
 * ``BiasTerm``: db on a few units.
 
@@ -48,6 +50,19 @@ class SparseTerm:
 
 
 @dataclass(eq=False)
+class DenseTerm:
+    """dW given whole as (C, out, in)."""
+
+    values: torch.Tensor
+
+    def units(self) -> torch.Tensor | None:
+        return None  # every output unit
+
+    def contribution(self, h: torch.Tensor, units: torch.Tensor, width: int) -> torch.Tensor:
+        return _rowwise(h, self.values)
+
+
+@dataclass(eq=False)
 class FactoredTerm:
     """dW = A @ B with A (C, out, r) per candidate and B (r, in) shared."""
 
@@ -86,9 +101,16 @@ class SignPairs:
     representatives: torch.Tensor  # (R,) candidate rows computed
     inverse: torch.Tensor  # (C,) representative of each candidate
     signs: torch.Tensor  # (C,) +1 or -1 relative to the representative's row
+    halves: bool = False  # rows are [representatives; -representatives]: views and one concatenation, no gathers
+
+    def select(self, delta: torch.Tensor) -> torch.Tensor:
+        """The representatives' rows of ``delta``."""
+        return delta[: self.representatives.numel()] if self.halves else delta[self.representatives]
 
     def expand(self, correction: torch.Tensor) -> torch.Tensor:
         """(R, M, u) corrections of the representatives -> (C, M, u): exact, since negation is."""
+        if self.halves:
+            return torch.cat([correction, -correction])
         return correction[self.inverse] * self.signs.to(correction.dtype)[:, None, None]
 
 
@@ -97,6 +119,10 @@ def sign_pairs(delta: torch.Tensor) -> SignPairs | None:
     count = delta.shape[0]
     if count < 2 or delta.shape[1] == 0:
         return None
+    half = count // 2
+    if 2 * half == count and torch.equal(delta[half:], -delta[:half]):  # the orthoplex's order: +v rows, then -v rows
+        rows = torch.arange(count, device=delta.device)
+        return SignPairs(rows[:half], rows % half, torch.where(rows < half, 1, -1), halves=True)
     lead = (delta != 0).to(torch.int8).argmax(1)
     signs = torch.where(delta.gather(1, lead[:, None])[:, 0] < 0, -1, 1)
     canonical, inverse = torch.unique(delta * signs[:, None].to(delta.dtype), dim=0, return_inverse=True)
@@ -152,8 +178,10 @@ class Replacement:
         return y if b is None else y + b
 
 
-def entry_terms(local: torch.Tensor, values: torch.Tensor, is_weight: bool, in_features: int) -> list:
+def entry_terms(local: torch.Tensor, values: torch.Tensor, is_weight: bool, out_features: int, in_features: int) -> list:
     """Terms for parameter entries at local flat offsets ``local`` moved by ``values`` (C, k)."""
     if is_weight:
+        if local.numel() == out_features * in_features and torch.equal(local, torch.arange(local.numel(), device=local.device)):
+            return [DenseTerm(values.reshape(-1, out_features, in_features))]
         return [SparseTerm(torch.div(local, in_features, rounding_mode="floor"), local % in_features, values)]
     return [BiasTerm(local, values)]

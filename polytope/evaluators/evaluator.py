@@ -149,11 +149,12 @@ class NNCostEvaluator:
             got = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs).__name__
             raise ValueError(f"inputs must be a tensor whose last dimension is {first.in_features}, got {got}")
 
-    def _chunk(self, count: int, params_per_candidate: int, activations_per_candidate: int, dtype) -> int:
+    def _chunk(self, count: int, params_per_candidate: int, activations_per_candidate: int, base: torch.Tensor) -> int:
+        """Candidates per chunk; dtype and device come from ``base`` (cheaper than walking the model's parameters)."""
         if self.chunk_size is not None:
             return min(self.chunk_size, max(count, 1))
-        itemsize = torch.finfo(dtype).bits // 8
-        budget = self.memory_budget or memory_budget(self.layout_device)
+        itemsize = torch.finfo(base.dtype).bits // 8
+        budget = self.memory_budget or memory_budget(base.device)
         return estimate_chunk(count, (params_per_candidate + activations_per_candidate) * itemsize, budget)
 
     # ----------------------------------------------------------------- public
@@ -279,7 +280,7 @@ class NNCostEvaluator:
         """Sequential-MLP paths: ``changes_for(a, b)`` gives the per-stage changes of a chunk."""
         prefix = self.prefix.get(self.plan, base, inputs)
         m = prefix.entering[0].shape[0]
-        chunk = self._chunk(count, width, m * self.plan.activation_widths(0), base.dtype)
+        chunk = self._chunk(count, width, m * self.plan.activation_widths(0), base)
         site = self._dense_site if path == "dense_bmm" else mlp_outputs
 
         def run(a, b):
@@ -323,7 +324,7 @@ class NNCostEvaluator:
             return {names[s]: v for s, v in values(a, b).items()}
 
         if self.vmap_ok:
-            chunk = self._chunk(count, width, self._activation_numel(inputs), base.dtype)
+            chunk = self._chunk(count, width, self._activation_numel(inputs), base)
 
             def run(a, b):
                 with self._autocast():

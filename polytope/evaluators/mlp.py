@@ -164,13 +164,15 @@ def _linear_stage(state, stage: LinearStage, wb, prefix_in, prefix_out, change, 
     units = change.units(stage.out_features, weight.device)
     if isinstance(state, Sparse):
         state = _dense(state, prefix_in, count)
-    if state.dim() == 3:
-        y = F.linear(state, weight, bias)
-    elif 2 * units.numel() <= stage.out_features:  # shared input, few units touched: stay sparse
+    shared = state.dim() == 2
+    if shared and 2 * units.numel() <= stage.out_features:  # shared input, few units touched: stay sparse
         return Sparse(units, prefix_out[..., units] + change.correction(state, units, stage.in_features))
-    else:
-        y = prefix_out.expand(count, *prefix_out.shape).clone()
-    y[..., units] += change.correction(state, units, stage.in_features)
+    y = prefix_out if shared else F.linear(state, weight, bias)
+    correction = change.correction(state, units, stage.in_features)
+    if units.numel() == stage.out_features:  # every unit (units is sorted and unique): a plain broadcast add
+        return y + correction
+    y = y.expand(count, *y.shape).clone() if shared else y
+    y[..., units] += correction
     return y
 
 
@@ -198,7 +200,7 @@ def _paired(delta: torch.Tensor, build) -> dict:
     """``build(values)`` -> changes; values reduced to sign-pair representatives when one layer changes."""
     pairs = sign_pairs(delta)
     if pairs is not None:
-        changes = build(delta[pairs.representatives])
+        changes = build(pairs.select(delta))
         if len(changes) == 1:
             next(iter(changes.values())).pairs = pairs
             return changes
@@ -213,7 +215,9 @@ def group_changes(plan: MLPPlan, layout: ParameterLayout, index: torch.Tensor, d
         changes: dict[int, LinearChange] = {}
         for slot_id, (positions, local) in split.items():
             stage_id, is_weight = plan.owner[slot_id]
-            terms = entry_terms(local, values[:, positions], is_weight, plan.stages[stage_id].in_features)
+            stage = plan.stages[stage_id]
+            columns = values if positions.numel() == values.shape[1] else values[:, positions]  # positions: sorted, unique
+            terms = entry_terms(local, columns, is_weight, stage.out_features, stage.in_features)
             changes.setdefault(stage_id, LinearChange()).terms.extend(terms)
         return changes
 
@@ -231,7 +235,8 @@ def subspace_changes(plan: MLPPlan, subspace, index: torch.Tensor, delta: torch.
             stage_id, is_weight = plan.owner[block.slot.position]
             if isinstance(block, EntryBlock):
                 local = block.entries.to(coords.device)[coords]
-                terms = entry_terms(local, values[:, positions], is_weight, plan.stages[stage_id].in_features)
+                stage = plan.stages[stage_id]
+                terms = entry_terms(local, values[:, positions], is_weight, stage.out_features, stage.in_features)
             else:
                 terms = [FactoredTerm(*block.factors(coords, values[:, positions]))]
             changes.setdefault(stage_id, LinearChange()).terms.extend(terms)

@@ -145,6 +145,7 @@ def structured_batch(layout: ParameterLayout, base: torch.Tensor) -> CandidateBa
     first = layout.slots[0]
     last = torch.arange(layout.slots[-2].start, layout.n)
     pair = noise(2, layout.slots[2].numel)
+    frame = noise(2, first.numel)
     groups = [
         CandidateGroup(torch.randperm(layout.n, generator=gen)[:4], noise(5, 4)),  # sparse
         CandidateGroup(torch.arange(first.start, first.stop), noise(4, first.numel)),  # a whole tensor, dense
@@ -152,6 +153,7 @@ def structured_batch(layout: ParameterLayout, base: torch.Tensor) -> CandidateBa
         CandidateGroup(torch.arange(3, 40), noise(6, 37)),  # a particle across tensors
         CandidateGroup(torch.zeros(0, dtype=torch.long), base.new_zeros(1, 0)),  # the incumbent
         CandidateGroup(torch.arange(layout.slots[2].start, layout.slots[2].stop), torch.cat([pair, -pair, pair])),  # +- pairs
+        CandidateGroup(torch.arange(first.start, first.stop), torch.cat([frame, -frame])),  # a whole tensor, orthoplex order
     ]
     return CandidateBatch(base, groups)
 
@@ -305,6 +307,10 @@ def test_sign_pairs_found_and_expanded_exactly():
     full = torch.cat([d, -d, d[:1]])
     assert torch.equal(full[pairs.representatives][pairs.inverse] * pairs.signs[:, None].to(F64), full)
     assert sign_pairs(torch.randn(4, 3, dtype=F64)) is None
+    halves = sign_pairs(torch.cat([d, -d]))  # the orthoplex's order, found without sorting
+    assert halves is not None and halves.halves and torch.equal(halves.select(torch.cat([d, -d])), d)
+    correction = torch.randn(3, 2, 5, dtype=F64)
+    assert torch.equal(halves.expand(correction), torch.cat([correction, -correction]))
 
 
 # ------------------------------------------------------------------- path selection
