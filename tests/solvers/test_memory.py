@@ -5,6 +5,7 @@ from harness.method import peak_rss_growths_in_subprocess
 
 
 @pytest.mark.memory
+@pytest.mark.slow  # ~100 s on 2 cores
 def test_streamed_ridge_fit_at_50k_stays_under_1gb():
     cfg = dict(case="ridge", device="cpu", dtype="float64", n=50_000, m=None, d=8, queries=128, targets=2,
                gamma=1 / 8, regularization=0.5, classes=4, components=2, search_width=10, rank=128, preconditioner="nystrom", rtol=1e-2,
