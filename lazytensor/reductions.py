@@ -64,38 +64,88 @@ class Consumer:
 
 
 class Sum(Consumer):
-    """sum_j F, written as sum of A_i * (S_ij @ W_j) terms when F allows it."""
+    """sum_j F, written as sum of A_i * (S_ij @ W_j) terms when F allows it.
+
+    Terms whose mixed part S is the same expression share one matrix product:
+    their W columns are stacked (a column of ones for a bare row sum), so e.g.
+    the gradient terms x_i rowsum(c) - c @ y read the tile c once, not twice.
+    """
+
+    reduced = 2  # the tile dimension summed over (columns)
 
     def __init__(self, expr: sympy.Expr, info: dict, dim: int | None = None):
         # ``dim`` widens a feature-size-1 result (e.g. the gradient of x.sum(-1) w.r.t. x)
         self.dim = dim or ir.feature_dim(expr, info)
-        self.terms = []  # (kind, has A, has S, has W) per term
+        self.terms = []  # (kind, index of the shared S or None) per term
         self.expressions = []
+        shared: dict[sympy.Expr, int] = {}
         for a, s, w in ir.sum_terms(expr, info):
             if s != 1 and ir.feature_dim(s, info) > 1:  # a vector-valued mixed part: sum the tile
-                self.terms.append("tile")
+                self.terms.append(("tile", None))
                 self.expressions.append(a * s * w)
             else:
-                self.terms.append(("s" if s != 1 else "") + ("w" if w != 1 else ""))
+                group = shared.setdefault(s, len(shared)) if s != 1 else None
+                self.terms.append((("s" if s != 1 else "") + ("w" if w != 1 else ""), group))
                 self.expressions.extend([a, s, w])
         self.signature = ("sum", self.dim, tuple(self.terms))
 
+    # The tile's sides: Sum keeps rows and sums columns; ColumnSum the reverse.
+    @staticmethod
+    def _masked(t, mask):
+        return _cols(t, mask, 0.0)
+
+    @staticmethod
+    def _kept(t):
+        return _rows(t)
+
+    @staticmethod
+    def _summed_side(w):
+        return w[:, 0]  # a j-side (B, 1, m, D) value as (B, m, D)
+
+    @staticmethod
+    def _matrix(s):
+        return s[..., 0]  # (B, kept, summed)
+
+    def _products(self, terms, mask) -> dict[int, list]:
+        """Each shared S times its stacked W columns, split back per term."""
+        stacks: dict[int, tuple] = {}
+        for (kind, group), (a, s, w) in terms:
+            if group is not None:
+                matrix, columns = stacks.get(group, (None, []))
+                if matrix is None:
+                    matrix = self._matrix(self._masked(s, mask))
+                columns.append(self._summed_side(w) if "w" in kind else None)
+                stacks[group] = (matrix, columns)
+        products = {}
+        for group, (matrix, columns) in stacks.items():
+            ones = matrix.new_ones(1, matrix.shape[-1], 1)
+            columns = [ones if c is None else c for c in columns]
+            batch = max([matrix.shape[0]] + [c.shape[0] for c in columns])
+            stacked = torch.cat([c.expand(batch, *c.shape[1:]) for c in columns], -1)
+            products[group] = list(torch.matmul(matrix, stacked).split([c.shape[-1] for c in columns], -1))
+        return products
+
     def partial(self, values, mask):
+        values = list(values)
+        terms, at = [], 0
+        for kind, group in self.terms:
+            width = 1 if kind == "tile" else 3
+            terms.append(((kind, group), values[at : at + width]))
+            at += width
+        products = self._products([t for t in terms if t[0][0] != "tile"], mask)
         total = 0.0
-        values = iter(values)
-        for kind in self.terms:
+        for (kind, group), parts in terms:
             if kind == "tile":
-                total = total + _cols(next(values), mask, 0.0).sum(2)
+                total = total + self._masked(parts[0], mask).sum(self.reduced)
                 continue
-            a, s, w = next(values), next(values), next(values)
-            if "s" in kind:
-                s = _cols(s, mask, 0.0)[..., 0]
-                r = torch.matmul(s, w[:, 0]) if "w" in kind else s.sum(-1, keepdim=True) * w
+            a, _, w = parts
+            if group is not None:
+                r = products[group].pop(0)
             elif "w" in kind:
-                r = _cols(w, mask, 0.0).sum(2)
+                r = self._masked(w, mask).sum(self.reduced)
             else:
-                r = mask.sum(2) * w
-            total = total + _rows(a) * r
+                r = mask.sum(self.reduced) * w
+            total = total + self._kept(a) * r
         return (total,)
 
     def combine(self, state, partial, offset):
@@ -117,29 +167,28 @@ class ColumnSum(Sum):
     """
 
     axis = "j"
+    reduced = 1
 
     def __init__(self, expr: sympy.Expr, info: dict, dim: int | None = None):
         flip = {"i": "j", "j": "i", "p": "p"}
         super().__init__(expr, {s: ir.VarInfo(flip[v.axis], v.dim) for s, v in info.items()}, dim)
         self.signature = ("colsum",) + self.signature[1:]
 
-    def partial(self, values, rowmask):
-        total = 0.0
-        values = iter(values)
-        for kind in self.terms:
-            if kind == "tile":
-                total = total + _rows_masked(next(values), rowmask).sum(1)
-                continue
-            a, s, w = next(values), next(values), next(values)
-            if "s" in kind:
-                s = _rows_masked(s, rowmask)[..., 0].transpose(1, 2)  # (B, m, n)
-                r = torch.matmul(s, w[:, :, 0]) if "w" in kind else s.sum(-1, keepdim=True) * w
-            elif "w" in kind:
-                r = _rows_masked(w, rowmask).sum(1)
-            else:
-                r = rowmask.sum(1) * w
-            total = total + _column_side(a) * r
-        return (total,)
+    @staticmethod
+    def _masked(t, rowmask):
+        return _rows_masked(t, rowmask)
+
+    @staticmethod
+    def _kept(t):
+        return _column_side(t)
+
+    @staticmethod
+    def _summed_side(w):
+        return w[:, :, 0]  # an i-side (B, n, 1, D) value as (B, n, D)
+
+    @staticmethod
+    def _matrix(s):
+        return s[..., 0].transpose(1, 2)  # (B, m, n)
 
     def combine(self, state, partial, offset: slice):
         """``offset`` is the column block's slice; ``state`` spans every column."""
