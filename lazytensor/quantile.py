@@ -59,14 +59,23 @@ def _nan_rows(f: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, torch.isnan(f), False).any(2)
 
 
-class Histogram(Consumer):
-    """Counts each row's in-bracket keys per bucket; finalize picks the rank's bucket."""
+class _PerTarget(Consumer):
+    """A pass over the formula plus per-row, per-target (rank x channel) i-variables."""
 
-    def __init__(self, expr, base, need, shift, channels: int, ranks: int):
-        self.expressions = [expr, base, need, shift]
+    name: str
+    size: int  # the pass's own constant (histogram bits, candidates kept): part of the kernel key
+
+    def __init__(self, expr, *per_row, channels: int, ranks: int):
+        self.expressions = [expr, *per_row]
         self.channels, self.ranks = channels, ranks
         self.dim = channels * ranks
-        self.signature = ("quantile-histogram", channels, ranks, BITS)
+        self.signature = (self.name, channels, ranks, self.size)
+
+
+class Histogram(_PerTarget):
+    """Counts each row's in-bracket keys per bucket; finalize picks the rank's bucket."""
+
+    name, size = "quantile-histogram", BITS
 
     def partial(self, values, mask):
         f, base, need, shift = values
@@ -96,7 +105,7 @@ class Histogram(Consumer):
         return (*out, nan.expand(batch, rows, self.channels).contiguous())
 
 
-class Candidates(Consumer):
+class Candidates(_PerTarget):
     """The smallest in-bracket values per row and rank, and the smallest value above the bracket.
 
     finalize takes position ``need`` (the rank) and the next order statistic
@@ -104,11 +113,7 @@ class Candidates(Consumer):
     smallest value above it), so one selection serves both interpolation ends.
     """
 
-    def __init__(self, expr, low, high, need, channels: int, ranks: int):
-        self.expressions = [expr, low, high, need]
-        self.channels, self.ranks = channels, ranks
-        self.dim = channels * ranks
-        self.signature = ("quantile-candidates", channels, ranks, CANDIDATES)
+    name, size = "quantile-candidates", CANDIDATES
 
     def partial(self, values, mask):
         f, low, high, need = values
@@ -188,7 +193,7 @@ def select_ranks(expr: sympy.Expr, problem: engine.Problem, ranks: torch.Tensor,
             problem, [(per_target(base), "i"), (per_target(rank - below, torch.int64), "i"),
                       (torch.tensor([shift], dtype=itype, device=device), "p")]
         )
-        consumer = Histogram(expr, vb, vn, vs, channels, nranks)
+        consumer = Histogram(expr, vb, vn, vs, channels=channels, ranks=nranks)
         ((bucket, before, inside, nan_pass),) = engine.stream(passing, [consumer], backend=backend, chunk_size=chunk_size)
         unflat = lambda t: t.reshape(batch, n, nranks, channels)  # noqa: E731
         prefix = base + unflat(bucket)
@@ -203,7 +208,7 @@ def select_ranks(expr: sympy.Expr, problem: engine.Problem, ranks: torch.Tensor,
     passing, (vl, vh, vn) = _with_variables(
         problem, [(per_target(low), "i"), (per_target(high), "i"), (per_target(rank - below, torch.int64), "i")]
     )
-    consumer = Candidates(expr, vl, vh, vn, channels, nranks)
+    consumer = Candidates(expr, vl, vh, vn, channels=channels, ranks=nranks)
     ((value, index, next_value, next_index, nan_pass),) = engine.stream(passing, [consumer], backend=backend,
                                                                        chunk_size=chunk_size)
     shape = (batch, n, nranks, channels)
