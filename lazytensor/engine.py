@@ -143,10 +143,9 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
     n, m, batch = problem.size("i"), problem.size("j"), problem.batch
     params = [problem.tensors[s] for s in p_syms]
     device = problem.device
-    by_column = [getattr(c, "axis", "i") == "j" for c in consumers]  # ColumnSum: state spans all columns
+    by_column = [c.axis == "j" for c in consumers]  # ColumnSum: its state spans all columns
     results: list[list[tuple]] = [[] for _ in consumers]
-    like = next(iter(problem.tensors.values()))
-    column_states = {k: c.initial_state(batch, m, like) for k, c in enumerate(consumers) if by_column[k]}
+    column_states = {k: c.initial_state(batch, m, problem.dtype, device) for k, c in enumerate(consumers) if by_column[k]}
     for r0 in range(0, n, plan.rows):
         r1 = min(r0 + plan.rows, n)
         width = plan.rows if compiled else r1 - r0

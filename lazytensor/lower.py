@@ -227,7 +227,7 @@ def tile_function_source(consumers, info, order) -> str:
     outputs = []
     for k, consumer in enumerate(consumers):
         values = [src.emit(e) for e in consumer.expressions]
-        which = "rowmask" if getattr(consumer, "axis", "i") == "j" else "mask"
+        which = "rowmask" if consumer.axis == "j" else "mask"
         src.lines.append(f"c{k} = C{k}.partial([{', '.join(values)}], {which})")
         outputs.append(f"c{k}")
     body = "\n".join("    " + line for line in src.lines)

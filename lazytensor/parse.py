@@ -44,7 +44,6 @@ def _contraction(name, info):
     """The function ``name`` over sympy arguments whose feature sizes ``info`` gives."""
 
     def apply(*args):
-        # the text is parsed unevaluated so that x - x still shows x's width here
         width = max(ir.feature_dim(a, info) for a in args)
         summed = ir.feature_sum(CONTRACTIONS[name](*args).doit(), width)
         return sympy.sqrt(summed) if name == "norm2" else summed
@@ -67,9 +66,10 @@ def formula(text: str, **variables) -> LazyTensor:
     info = {s: i for lt in lazies.values() for s, i in lt.info.items()}
     functions = {**FUNCTIONS, **{name: _contraction(name, info) for name in CONTRACTIONS}}
     scope = {**functions, **{name: lt.expr for name, lt in lazies.items()}}
-    try:
-        expr = parse_expr(text, local_dict=scope, global_dict={"__builtins__": {}, **_sympy_atoms()},
-                          transformations=standard_transformations, evaluate=False).doit()
+    try:  # unevaluated first, so that x - x still shows x's feature size
+        raw = parse_expr(text, local_dict=scope, global_dict={"__builtins__": {}, **_sympy_atoms()},
+                         transformations=standard_transformations, evaluate=False)
+        expr = raw.doit()
     except (SyntaxError, TypeError) as exc:
         raise ValueError(f"cannot parse formula {text!r}: {exc}") from None
     undefined = sorted({f.func.__name__ for f in expr.atoms(AppliedUndef)})
@@ -79,7 +79,7 @@ def formula(text: str, **variables) -> LazyTensor:
     unknown = sorted(s.name for s in expr.free_symbols if s not in known)
     if unknown:
         raise ValueError(f"unknown name(s) {unknown} in formula {text!r}; pass them as keyword variables")
-    return LazyTensor._build(expr, *lazies.values(), width=ir.feature_dim(expr, info))
+    return LazyTensor._build(expr, *lazies.values(), width=ir.feature_dim(raw, info))
 
 
 def _sympy_atoms():

@@ -22,20 +22,14 @@ from . import ir
 
 
 def _cols(t: torch.Tensor, mask: torch.Tensor, fill: float) -> torch.Tensor:
-    """Broadcast a lowered value to the full tile with padded columns filled.
+    """Broadcast a lowered value to the full tile with padded positions filled.
 
-    ``mask`` is (1, 1, m, 1) in the problem's dtype: 1 for real columns, 0 for padding.
+    ``mask`` is the column mask (1, 1, m, 1) or the row mask (1, n, 1, 1), in the
+    problem's dtype: 1 for real columns (rows), 0 for padding.
     """
     if not isinstance(t, torch.Tensor):  # a formula sympy folded to a constant
         t = mask.new_full((), t)
     return torch.where(mask > 0, t, fill)
-
-
-def _rows_masked(t, rowmask: torch.Tensor) -> torch.Tensor:
-    """A lowered value with padded rows of the tile zeroed (column sums)."""
-    if not isinstance(t, torch.Tensor):
-        t = rowmask.new_full((), t)
-    return torch.where(rowmask > 0, t, 0.0)
 
 
 def _column_side(t):
@@ -55,6 +49,7 @@ def _rows(t):
 class Consumer:
     expressions: list[sympy.Expr]
     signature: tuple
+    axis = "i"  # the result is indexed by the tile's rows; "j": by its columns (ColumnSum)
 
     def combine(self, state, partial, offset: int):
         raise NotImplementedError
@@ -108,18 +103,17 @@ class Sum(Consumer):
 
     def _products(self, terms, mask) -> dict[int, list]:
         """Each shared S times its stacked W columns, split back per term."""
-        stacks: dict[int, tuple] = {}
-        for (kind, group), (a, s, w) in terms:
-            if group is not None:
-                matrix, columns = stacks.get(group, (None, []))
-                if matrix is None:
-                    matrix = self._matrix(self._masked(s, mask))
-                columns.append(self._summed_side(w) if "w" in kind else None)
-                stacks[group] = (matrix, columns)
+        stacks: dict[int, tuple] = {}  # group -> (S as a matrix, W column blocks)
+        for (kind, group), parts in terms:
+            if group is None:  # "tile" terms and terms without a mixed part
+                continue
+            _, s, w = parts
+            if group not in stacks:
+                stacks[group] = (self._matrix(self._masked(s, mask)), [])
+            stacks[group][1].append(self._summed_side(w) if "w" in kind else None)
         products = {}
         for group, (matrix, columns) in stacks.items():
-            ones = matrix.new_ones(1, matrix.shape[-1], 1)
-            columns = [ones if c is None else c for c in columns]
+            columns = [matrix.new_ones(1, matrix.shape[-1], 1) if c is None else c for c in columns]
             batch = max([matrix.shape[0]] + [c.shape[0] for c in columns])
             stacked = torch.cat([c.expand(batch, *c.shape[1:]) for c in columns], -1)
             products[group] = list(torch.matmul(matrix, stacked).split([c.shape[-1] for c in columns], -1))
@@ -132,7 +126,7 @@ class Sum(Consumer):
             width = 1 if kind == "tile" else 3
             terms.append(((kind, group), values[at : at + width]))
             at += width
-        products = self._products([t for t in terms if t[0][0] != "tile"], mask)
+        products = self._products(terms, mask)
         total = 0.0
         for (kind, group), parts in terms:
             if kind == "tile":
@@ -176,7 +170,7 @@ class ColumnSum(Sum):
 
     @staticmethod
     def _masked(t, rowmask):
-        return _rows_masked(t, rowmask)
+        return _cols(t, rowmask, 0.0)
 
     @staticmethod
     def _kept(t):
@@ -196,8 +190,8 @@ class ColumnSum(Sum):
         columns += partial[0][:, : columns.shape[1]].expand_as(columns)  # (B, 1, D) when F is i-only
         return state
 
-    def initial_state(self, batch: int, columns: int, like: torch.Tensor):
-        return (torch.zeros(batch, columns, self.dim, dtype=like.dtype, device=like.device),)
+    def initial_state(self, batch: int, columns: int, dtype: torch.dtype, device) -> tuple:
+        return (torch.zeros(batch, columns, self.dim, dtype=dtype, device=device),)
 
     def finalize(self, state, rows, batch):
         return state

@@ -70,6 +70,22 @@ def test_clamp_where_and_comparisons():
         torch.testing.assert_close(a, b)
 
 
+def test_formulas_sympy_folds_keep_their_feature_size():
+    """x - x folds to 0 and sqdist(x, x) to 0 in sympy; the results keep D and the dtype."""
+    x = torch.randn(5, 3, dtype=torch.float64)
+    y = torch.randn(4, 3, dtype=torch.float64)
+    X, Y = lt.Vi(x), lt.Vj(y)
+    folded = X - X + Y * 0.0
+    assert folded.ndim == 3
+    out = folded.sum(1, backend="eager")
+    assert out.shape == (5, 3) and out.dtype == torch.float64 and out.abs().max() == 0
+    ones = ((X - X + 1.0).sum(-1) + X.sqdist(X)) * Y
+    torch.testing.assert_close(ones.sum(1, backend="eager"), 3 * y.sum(0).expand(5, 3))
+    text = lt.formula("(sum(x - x + 1) + sqdist(x, x)) * y", x=X, y=Y)
+    torch.testing.assert_close(text.sum(1, backend="eager"), 3 * y.sum(0).expand(5, 3))
+    assert lt.formula("x - x", x=X).ndim == 3
+
+
 def test_string_formula_matches_operators():
     x, y, b = torch.randn(6, 3), torch.randn(7, 3), torch.randn(7, 2)
     g = torch.tensor(0.3)
