@@ -18,6 +18,8 @@ import math
 
 import torch
 
+from .reductions.softmax import finite, merge
+
 # Bytes of one score tile across all batch-heads: the tile loop's working set, kept near the
 # L2 cache (B=1, H=4, L=S=4096, d=64 on 2 cores: 256 x 512 tiles ran 1.08x SDPA's time,
 # whole-row 256 x 4096 tiles 1.47x).
@@ -84,13 +86,13 @@ class _Tiles:
         if attn_mask is not None:  # a broadcast view: tiles are sliced, never the full L x S
             self.mask = attn_mask.reshape((1,) * (q.dim() - attn_mask.dim()) + tuple(attn_mask.shape))
         if chunk_size is None:
-            cols = min(self.S, KEY_BLOCK)
-            rows = max(MIN_QUERY_BLOCK, TILE_BUDGET_BYTES // (groups * cols * q.element_size()))
+            cols = max(1, min(self.S, KEY_BLOCK))
+            rows = max(MIN_QUERY_BLOCK, TILE_BUDGET_BYTES // (max(groups, 1) * cols * q.element_size()))
         else:
             rows, cols = (chunk_size, chunk_size) if isinstance(chunk_size, int) else tuple(chunk_size)
             if rows < 1 or cols < 1:
                 raise ValueError(f"attention: chunk_size must be positive, got {chunk_size}")
-        self.rows, self.cols = min(rows, self.L), min(cols, self.S)
+        self.rows, self.cols = max(1, min(rows, self.L)), max(1, min(cols, self.S))  # empty L or S: no tiles
 
     def blocks(self):
         for r0 in range(0, self.L, self.rows):
@@ -125,29 +127,22 @@ class _Tiles:
         target += ds.reshape(*self.batch_shape, r1 - r0, c1 - c0).sum_to_size(target.shape)
 
 
-def _finite(t: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isfinite(t), t, 0.0)
-
-
 def _forward(tiles: _Tiles):
+    """Each key tile's online-softmax state merged into the running one (``reductions.merge``)."""
     q, v = tiles.q, tiles.v
-    out = torch.empty(*q.shape[:2], v.shape[-1], dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[:2], dtype=q.dtype, device=q.device)
+    out = q.new_zeros(*q.shape[:2], v.shape[-1])
+    lse = q.new_full(q.shape[:2], -math.inf)
     for r0, r1 in tiles.blocks():
-        top = torch.full((q.shape[0], r1 - r0, 1), -math.inf, dtype=q.dtype, device=q.device)
-        total = torch.zeros_like(top)
-        acc = torch.zeros(q.shape[0], r1 - r0, v.shape[-1], dtype=q.dtype, device=q.device)
+        state = None
         for c0, c1 in tiles.key_blocks(r0, r1):
             s = tiles.scores(r0, r1, c0, c1)
-            new_top = torch.maximum(top, s.amax(-1, keepdim=True))
-            shift = _finite(new_top)
-            p = s.sub_(shift).exp_()
-            rescale = torch.exp(_finite(top) - shift) * torch.isfinite(top)
-            total = total * rescale + p.sum(-1, keepdim=True)
-            acc = torch.baddbmm(acc * rescale, p, v[:, c0:c1])
-            top = new_top
-        out[:, r0:r1] = torch.where(total > 0, acc / total, 0.0)
-        lse[:, r0:r1] = (torch.log(total) + _finite(top))[..., 0]
+            top = s.amax(-1, keepdim=True)
+            p = s.sub_(finite(top)).exp_()
+            state = merge(state, (top, p.sum(-1, keepdim=True), torch.bmm(p, v[:, c0:c1])))
+        if state is not None:  # a causal block before its first key has none
+            top, total, acc = state
+            out[:, r0:r1] = torch.where(total > 0, acc / total, 0.0)
+            lse[:, r0:r1] = (torch.log(total) + finite(top))[..., 0]
     return out, lse
 
 

@@ -1,13 +1,21 @@
-"""Reductions as autograd functions whose backward passes are streamed too.
+"""One autograd function for every pass: forward, backward, forward-mode and vmap, all streamed.
 
-The backward of ``out_i = reduce_j F(x_i, y_j, p)`` is derived symbolically:
-each reduction turns the output cotangent into a cotangent on the tile
-values F_ij (for a sum simply G_i; for log-sum-exp G_i exp(F_ij - L_i); ...),
-``ir.vjp`` turns that into formulas for every input, and the formulas run as
-streamed sums through the same engine: i-variables and parameters in one
-pass over j, j-variables in one pass over i. Min/max/k-min values depend on
-the selected pairs only, so their backward evaluates the same formulas on
-those pairs and scatters the result. No N x M tensor is saved or built.
+``reduce(problem, reductions)`` runs a list of reductions of one problem in
+one pass over its tiles (multi-pass reductions run on their own) through
+``Streamed``, a ``torch.autograd.Function`` that knows nothing about any
+particular reduction:
+
+- backward: each reduction hands a ``Backward`` collector cotangents on its
+  formula's tile values (or on selected pairs); ``ir.vjp`` turns them into
+  formulas for every input and they run as ONE streamed pass of sums (over j
+  for i-variables and parameters, over i for j-variables), again through
+  ``reduce``, so the backward is itself differentiable: gradients of any
+  order, Hessian-vector products, gradient penalties;
+- forward mode (``jvp``): the formula's tangent (``ir.jvp``) is summed the
+  same way (``Forward`` collector), for ``torch.func.jvp`` / ``jacfwd``;
+- vmap: vmapped dimensions become the problem's batch dimension.
+
+Nothing N x M is saved or built.
 """
 from __future__ import annotations
 
@@ -16,164 +24,257 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from . import engine, ir, reductions
+from . import engine, ir
+from .reductions import Sum
 
 
-@dataclass(frozen=True)
-class Reduction:
-    """What to reduce and how: the IR, the reduction kind and its options."""
+@dataclass(frozen=True, eq=False)
+class Pass:
+    """A pass's static part: the variables' IR info and order, the reductions and the run options."""
 
-    kind: str  # "sum" | "lse" | "softmax" | "argmin" | "kmin"
-    expr: sympy.Expr
-    values: sympy.Expr | None = None  # softmax: the weighted values
-    k: int = 1  # kmin
-    sign: int = 1  # argmin: -1 for max
-    backend: str = "auto"
-    chunk_size: object = None
+    info: dict
+    order: tuple
+    reductions: tuple
+    backend: str
+    chunk_size: object
 
-    def consumer(self, info):
-        if self.kind == "sum":
-            return reductions.Sum(self.expr, info)
-        if self.kind == "lse":
-            return reductions.LogSumExp(self.expr, info)
-        if self.kind == "softmax":
-            return reductions.SoftmaxWeightedSum(self.expr, self.values, info)
-        if self.kind == "argmin":
-            return reductions.ArgMin(self.expr, info, self.sign)
-        if self.kind == "kmin":
-            return reductions.KMin(self.expr, info, self.k)
-        raise ValueError(f"unknown reduction {self.kind!r}")
+    def problem(self, tensors) -> engine.Problem:
+        return engine.Problem(self.info, dict(zip(self.order, tensors)), list(self.order))
+
+    def split(self, flat) -> list[tuple]:
+        """Flat outputs (or gradients) grouped per reduction."""
+        out, at = [], 0
+        for r in self.reductions:
+            out.append(tuple(flat[at : at + len(r.differentiable)]))
+            at += len(r.differentiable)
+        return out
 
 
-def run(reduction: Reduction, problem: engine.Problem) -> tuple[torch.Tensor, ...]:
-    """Forward outputs (B, N, ...) of a reduction over the problem's j axis."""
-    consumer = reduction.consumer(problem.info)
-    (outs,) = engine.stream(problem, [consumer], backend=reduction.backend, chunk_size=reduction.chunk_size)
-    return outs
+def _run(spec: Pass, tensors) -> list[tuple]:
+    problem = spec.problem(tensors)
+    single = [r for r in spec.reductions if r.single_pass]
+    streamed = iter(engine.stream(problem, single, backend=spec.backend, chunk_size=spec.chunk_size) if single else [])
+    return [next(streamed) if r.single_pass else r.run(problem, spec.backend, spec.chunk_size) for r in spec.reductions]
 
 
-class StreamedReduction(torch.autograd.Function):
-    """autograd glue: forward = ``run``, backward = streamed VJP formulas."""
+class Streamed(torch.autograd.Function):
+    """The reductions of one pass; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, reduction: Reduction, problem: engine.Problem, *tensors):
-        problem = engine.Problem(problem.info, dict(zip(problem.order, tensors)), problem.order)
-        outs = run(reduction, problem)
-        ctx.reduction, ctx.problem = reduction, problem
-        ctx.save_for_backward(*tensors, *outs)
-        if reduction.kind in ("argmin", "kmin"):
-            ctx.mark_non_differentiable(outs[1])
-        return outs[0] if reduction.kind in ("sum", "lse") else outs
+    def forward(spec: Pass, *tensors):
+        return tuple(t for outs in _run(spec, tensors) for t in outs)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    def setup_context(ctx, inputs, output):
+        spec, *tensors = inputs
+        ctx.spec = spec
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*tensors, *output)
+        ctx.save_for_forward(*tensors, *output)
+        flags = [f for r in spec.reductions for f in r.differentiable]
+        ctx.mark_non_differentiable(*[o for o, f in zip(output, flags) if not f])
+
+    @staticmethod
+    def _saved(ctx):
+        spec, saved = ctx.spec, ctx.saved_tensors
+        count = len(spec.order)
+        return spec, spec.problem(saved[:count]), spec.split(saved[count:])
+
+    @staticmethod
     def backward(ctx, *grads):
-        reduction, problem = ctx.reduction, ctx.problem
-        saved = ctx.saved_tensors
-        tensors = dict(zip(problem.order, saved[: len(problem.order)]))
-        outs = saved[len(problem.order) :]
-        problem = engine.Problem(problem.info, tensors, problem.order)
-        wanted = [s for s, need in zip(problem.order, ctx.needs_input_grad[2:]) if need]
-        if not wanted or grads[0] is None:
-            return (None, None, *[None] * len(problem.order))
-        if reduction.kind in ("argmin", "kmin"):
-            result = _selected_pairs_vjp(reduction, problem, wanted, grads[0], outs[1])
-        else:
-            result = _streamed_vjp(reduction, problem, wanted, grads[0], outs)
-        return (None, None, *[result.get(s) for s in problem.order])
+        spec, problem, outs = Streamed._saved(ctx)
+        wanted = [s for s, need in zip(spec.order, ctx.needs_input_grad[1:]) if need]
+        collector = Backward(problem, wanted, spec.backend, spec.chunk_size)
+        for reduction, o, g in zip(spec.reductions, outs, spec.split(grads)):
+            g = tuple(gi if flag else None for gi, flag in zip(g, reduction.differentiable))
+            if wanted and any(gi is not None for gi in g):
+                reduction.vjp(collector, o, g)
+        result = collector.run()
+        return (None, *[result.get(s) for s in spec.order])
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        spec, problem, outs = Streamed._saved(ctx)
+        given = {s: t for s, t in zip(spec.order, tangents[1:]) if t is not None}
+        collector = Forward(problem, given, spec.backend, spec.chunk_size)
+        finish = [reduction.jvp(collector, o) for reduction, o in zip(spec.reductions, outs)]
+        results = collector.run()
+        flat = []
+        for reduction, f, o in zip(spec.reductions, finish, outs):
+            for t, x, flag in zip(f(results), o, reduction.differentiable):
+                flat.append(None if not flag else (torch.zeros_like(x) if t is None else t))
+        return tuple(flat)
+
+    @staticmethod
+    def vmap(info, in_dims, spec: Pass, *tensors):
+        """vmapped dimensions join the batch dimension: (V, B, ...) -> (V * B, ...)."""
+        count = info.batch_size
+        moved = [t if d is None else t.movedim(d, 0) for t, d in zip(tensors, in_dims[1:])]
+        batch = max(t.shape[0] if d is None else t.shape[1] for t, d in zip(moved, in_dims[1:]))
+        flat = []
+        for t, d in zip(moved, in_dims[1:]):
+            if d is None:
+                if t.shape[0] != 1:
+                    t = t.unsqueeze(0).expand(count, *t.shape).reshape(count * t.shape[0], *t.shape[1:])
+            else:
+                t = t.expand(count, batch, *t.shape[2:]).reshape(count * batch, *t.shape[2:])
+            flat.append(t)
+        outs = Streamed.apply(spec, *flat)
+        return tuple(o.reshape(count, batch, *o.shape[1:]) for o in outs), (0,) * len(outs)
 
 
-def _extend(problem: engine.Problem, extra: dict[sympy.Symbol, tuple[torch.Tensor, str]]) -> engine.Problem:
-    info = dict(problem.info)
-    tensors = dict(problem.tensors)
-    for sym, (tensor, axis) in extra.items():
-        info[sym] = ir.VarInfo(axis, tensor.shape[-1])
-        tensors[sym] = tensor
-    return engine.Problem(info, tensors, problem.order + list(extra))
+def reduce(problem: engine.Problem, reductions, backend: str = "auto", chunk_size=None) -> list[tuple]:
+    """The outputs of each reduction of ``problem`` (reducing its j axis; sums may reduce i), differentiable."""
+    spec = Pass(problem.info, tuple(problem.order), tuple(reductions), engine.check_backend(backend), chunk_size)
+    flat = Streamed.apply(spec, *[problem.tensors[s] for s in problem.order])
+    return spec.split(flat)
 
 
-def _cotangent_pairs(reduction: Reduction, problem: engine.Problem, grad, outs):
-    """Cotangents on the tile values, plus the new i-variables they use."""
-    g = ir.new_variable_symbol()
-    extra = {g: (grad.contiguous(), "i")}
-    f = reduction.expr
-    if reduction.kind == "sum":
-        return [(f, g)], extra
-    lse = ir.new_variable_symbol()
-    extra[lse] = (outs[0] if reduction.kind == "lse" else outs[1], "i")
-    weight = sympy.exp(f - lse)
-    if reduction.kind == "lse":
-        return [(f, g * weight)], extra
-    out = ir.new_variable_symbol()
-    extra[out] = (outs[0], "i")
-    v = reduction.values
-    return [(f, weight * (ir.FSum(g * v) - ir.FSum(g * out))), (v, weight * g)], extra
+# -- collectors: what reductions ask for while differentiating ------------------------------
+class _Collector:
+    def __init__(self, problem: engine.Problem, backend, chunk_size):
+        self.problem, self.backend, self.chunk_size = problem, backend, chunk_size
+        self.extra: dict[sympy.Symbol, tuple[torch.Tensor, str]] = {}
+        self.info = dict(problem.info)
+
+    def variable(self, tensor: torch.Tensor, axis: str) -> sympy.Symbol:
+        """A tensor (a cotangent, a saved output) as a new variable of the derivative formulas."""
+        sym = ir.new_variable_symbol()
+        self.extra[sym] = (tensor, axis)
+        self.info[sym] = ir.VarInfo(axis, tensor.shape[-1])
+        return sym
+
+    def full_problem(self) -> engine.Problem:
+        return self.problem.extended(self.extra)
 
 
-def _reduce_grad(grad: torch.Tensor, like: torch.Tensor, axis: str) -> torch.Tensor:
-    """Sum a gradient over broadcast dimensions back to the input's shape."""
-    if axis == "p":
-        return grad.sum(dim=tuple(range(grad.dim() - 1))).reshape(like.shape)
-    if like.shape[0] == 1 and grad.shape[0] != 1:
-        grad = grad.sum(0, keepdim=True)
-    return grad
+def _pairs(problem: engine.Problem, index: torch.Tensor) -> tuple[engine.Problem, int]:
+    """A problem whose rows are the pairs (i, index[i, s]): every variable i-indexed, j of size 1.
 
-
-def _streamed_vjp(reduction, problem, wanted, grad, outs):
-    pairs, extra = _cotangent_pairs(reduction, problem, grad, outs)
-    full = _extend(problem, extra)
-    formulas = ir.vjp(pairs, wanted, full.info)
-    # One pass for every input: i-variables and parameters sum over j (rows), j-variables over i
-    # (ColumnSum), so each tile of the formula and its derivatives is evaluated once.
-    consumers = [
-        (reductions.ColumnSum if problem.info[s].axis == "j" else reductions.Sum)(formulas[s], full.info, problem.info[s].dim)
-        for s in wanted
-    ]
-    outs_ = engine.stream(full, consumers, backend=reduction.backend, chunk_size=reduction.chunk_size)
-    return {s: _reduce_grad(g, problem.tensors[s], problem.info[s].axis) for s, (g,) in zip(wanted, outs_)}
-
-
-def _selected_pairs_vjp(reduction, problem, wanted, grad, index):
-    """Backward of min/max/k-min values: the formula's VJP on the selected pairs.
-
-    Each selection (row i, rank r, channel c) becomes one row of a pair
-    problem in which every variable is i-indexed (j-variables gathered at the
-    selected index) and the cotangent is G[i, r, c] on channel c only.
+    Reducing over its one column evaluates a formula on the selected pairs;
+    rows are (B, N * S) in (i, s) order.
     """
-    batch, n = index.shape[0], index.shape[1]
-    dim = ir.feature_dim(reduction.expr, problem.info)
-    index = index.reshape(batch, n, -1, dim)  # (B, N, k, C)
-    grad = grad.reshape(batch, n, -1, dim)
-    k = index.shape[2]
-    sel = k * dim
-    flat_index = index.reshape(batch, n * sel)
-    channel = torch.arange(dim, device=grad.device).repeat(k)  # channel of each selection
-    cot = torch.zeros(batch, n, sel, dim, dtype=grad.dtype, device=grad.device)
-    cot.scatter_(3, channel.view(1, 1, sel, 1).expand(batch, n, sel, 1), grad.reshape(batch, n, sel, 1))
+    batch, n, selections = index.shape
+    flat = index.reshape(batch, n * selections, 1)
     info, tensors = {}, {}
     for s in problem.order:
         axis, t = problem.info[s].axis, problem.tensors[s]
         if axis == "i":
-            t = t.unsqueeze(2).expand(-1, -1, sel, -1).reshape(t.shape[0], n * sel, -1)
+            t = t.unsqueeze(2).expand(-1, -1, selections, -1).reshape(t.shape[0], n * selections, t.shape[-1])
         elif axis == "j":
-            t = torch.gather(t.expand(batch, -1, -1), 1, flat_index.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
-        info[s] = ir.VarInfo("i" if axis != "p" else "p", problem.info[s].dim)
+            t = torch.gather(t.expand(batch, -1, -1), 1, flat.expand(-1, -1, t.shape[-1]))
+        info[s] = ir.VarInfo("p" if axis == "p" else "i", problem.info[s].dim)
         tensors[s] = t
-    g = ir.new_variable_symbol()
-    dummy = ir.new_variable_symbol()  # one column: the "reduction" is the identity
-    info[g], tensors[g] = ir.VarInfo("i", dim), cot.reshape(batch, n * sel, dim)
-    info[dummy], tensors[dummy] = ir.VarInfo("j", 1), grad.new_zeros(1, 1, 1)
-    pairs = engine.Problem(info, tensors, problem.order + [g, dummy])
-    formulas = ir.vjp([(reduction.expr, g)], wanted, info)
-    consumers = [reductions.Sum(formulas[s], info, info[s].dim) for s in wanted]
-    outs = engine.stream(pairs, consumers, backend="eager", chunk_size=None)
-    result = {}
-    for s, (contrib,) in zip(wanted, outs):
-        axis, like = problem.info[s].axis, problem.tensors[s]
+    column = ir.new_variable_symbol()
+    info[column], tensors[column] = ir.VarInfo("j", 1), index.new_zeros(1, 1, 1, dtype=problem.dtype)
+    return engine.Problem(info, tensors, list(problem.order) + [column]), selections
+
+
+def _fit(grad: torch.Tensor, like: torch.Tensor, axis: str) -> torch.Tensor:
+    """Sum a gradient over the dimensions its input was broadcast along."""
+    if axis == "p":
+        grad = grad.sum(1)
+    if like.shape[0] == 1 and grad.shape[0] != 1:
+        grad = grad.sum(0, keepdim=True)
+    return grad.reshape(like.shape)
+
+
+class Backward(_Collector):
+    """Cotangents of a pass's reductions -> gradients of the wanted variables, streamed."""
+
+    def __init__(self, problem, wanted, backend, chunk_size):
+        super().__init__(problem, backend, chunk_size)
+        self.wanted = wanted
+        self.pairs: list[tuple[sympy.Expr, sympy.Expr]] = []
+        self.selections: list[tuple[sympy.Expr, torch.Tensor, torch.Tensor]] = []
+
+    def cotangent(self, expr: sympy.Expr, cot: sympy.Expr) -> None:
+        """A cotangent formula on every tile value of ``expr``."""
+        self.pairs.append((expr, cot))
+
+    def selected(self, expr: sympy.Expr, index: torch.Tensor, cot: torch.Tensor) -> None:
+        """Cotangents (B, N, S, C) on ``expr`` at the pairs (i, index[i, s]) only."""
+        self.selections.append((expr, index, cot))
+
+    def run(self) -> dict[sympy.Symbol, torch.Tensor]:
+        grads: dict[sympy.Symbol, torch.Tensor] = {}
+
+        def add(sym, g):
+            g = _fit(g, self.problem.tensors[sym], self.problem.info[sym].axis)
+            grads[sym] = g if sym not in grads else grads[sym] + g
+
+        if self.pairs:
+            full = self.full_problem()
+            for sym, g in self._gradients(full, ir.vjp(self.pairs, self.wanted, full.info), self.backend).items():
+                add(sym, g)
+        for expr, index, cot in self.selections:
+            pairs, selections = _pairs(self.full_problem(), index)
+            g = pairs.extended({ir.new_variable_symbol(): (cot.reshape(cot.shape[0], -1, cot.shape[-1]), "i")})
+            cot_sym = g.order[-1]
+            for sym, contribution in self._gradients(g, ir.vjp([(expr, cot_sym)], self.wanted, g.info), "eager").items():
+                add(sym, self._unpair(sym, contribution, index, selections))
+        for sym in self.wanted:  # used by the formula but folded away (x * 0): zero, as torch gives
+            grads.setdefault(sym, torch.zeros_like(self.problem.tensors[sym]))
+        return grads
+
+    def _gradients(self, problem, formulas, backend) -> dict:
+        """Each wanted variable's formula summed over the axis it is not indexed by, in one pass."""
+        todo = [s for s in self.wanted if formulas[s] != 0]
+        reductions = [
+            Sum(formulas[s], problem.info, self.problem.info[s].dim, "i" if problem.info[s].axis == "j" else "j") for s in todo
+        ]
+        outs = reduce(problem, reductions, backend, self.chunk_size) if reductions else []
+        return {s: g for s, (g,) in zip(todo, outs)}
+
+    def _unpair(self, sym, contribution, index, selections):
+        """Per-pair gradients (B, N * S, D) back onto the variable's own rows."""
+        axis = self.problem.info[sym].axis
+        batch, n = index.shape[:2]
         if axis == "i":
-            contrib = contrib.reshape(batch, n, sel, -1).sum(2)
-        elif axis == "j":
-            target = contrib.new_zeros(batch, like.shape[1], contrib.shape[-1])
-            contrib = target.scatter_add_(1, flat_index.unsqueeze(-1).expand_as(contrib), contrib)
-        result[s] = _reduce_grad(contrib, like, axis)
-    return result
+            return contribution.reshape(contribution.shape[0], n, selections, -1).sum(2)
+        if axis == "j":
+            like = self.problem.tensors[sym]
+            target = contribution.new_zeros(contribution.shape[0], like.shape[1], contribution.shape[-1])
+            where = index.reshape(batch, n * selections, 1).expand(-1, -1, contribution.shape[-1])
+            return target.scatter_add(1, where, contribution)
+        return contribution
+
+
+class Forward(_Collector):
+    """Input tangents -> output tangents: sums and selected values of the formulas' tangents."""
+
+    def __init__(self, problem, tangents: dict, backend, chunk_size):
+        super().__init__(problem, backend, chunk_size)
+        self.tangents = {s: self.variable(t, problem.info[s].axis) for s, t in tangents.items()}
+        self.sums: list[tuple[sympy.Expr, str, int]] = []
+        self.selections: list[tuple[sympy.Expr, torch.Tensor]] = []
+
+    def tangent(self, expr: sympy.Expr) -> sympy.Expr:
+        return ir.jvp(expr, self.tangents, self.info)
+
+    def summed(self, expr: sympy.Expr, reduced_axis: str, dim: int):
+        self.sums.append((expr, reduced_axis, dim))
+        return ("sum", len(self.sums) - 1)
+
+    def at_selection(self, expr: sympy.Expr, index: torch.Tensor):
+        self.selections.append((expr, index))
+        return ("selection", len(self.selections) - 1)
+
+    def run(self) -> dict:
+        full = self.full_problem()
+        results = {}
+        live = [(k, Sum(e, full.info, dim, axis)) for k, (e, axis, dim) in enumerate(self.sums) if e != 0]
+        outs = reduce(full, [r for _, r in live], self.backend, self.chunk_size) if live else []
+        for (k, _), (out,) in zip(live, outs):
+            results[("sum", k)] = out
+        for k, (expr, axis, dim) in enumerate(self.sums):
+            if ("sum", k) not in results:
+                rows = full.size("i" if axis == "j" else "j")
+                results[("sum", k)] = torch.zeros(full.batch, rows, dim, dtype=full.dtype, device=full.device)
+        for k, (expr, index) in enumerate(self.selections):
+            pairs, selections = _pairs(full, index)
+            ((values,),) = reduce(pairs, [Sum(expr, pairs.info)], "eager") if expr != 0 else [(None,)]
+            if values is None:
+                values = torch.zeros(index.shape[0], index.shape[1] * selections, 1, dtype=full.dtype, device=full.device)
+            results[("selection", k)] = values.reshape(values.shape[0], index.shape[1], selections, -1)
+        return results

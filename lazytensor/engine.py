@@ -2,10 +2,16 @@
 
 ``stream(problem, consumers)`` walks row blocks of the i-variables and, inside
 each, column blocks of the j-variables; every tile is evaluated once by the
-(compiled) tile function and every consumer folds it into O(rows) state.
-Nothing of size N x M ever exists: the largest live buffer is one tile,
-sized from a memory budget. Several consumers on one pass ("event
-streaming") share the formula's evaluation.
+(compiled) tile function and every consumer folds it into its state: O(rows)
+for reductions over j, O(columns) for sums over i. Nothing of size N x M ever
+exists: the largest live buffer is one tile, sized from a memory budget.
+Several consumers on one pass ("event streaming") share the formula's
+evaluation.
+
+Compiled kernels see fixed shapes and strides: tile sizes are powers of two
+(a small bucket set per formula), every block is copied into a fresh
+zero-padded buffer, and the formula's float constants are passed as values,
+so a new N, M or bandwidth never recompiles.
 """
 from __future__ import annotations
 
@@ -22,9 +28,10 @@ from . import ir, kernels
 TILE_BUDGET_BYTES = 8 << 20
 MAX_TILE_COLS = 4096
 MAX_TILE_ROWS = 1024
-MIN_TILE_ROWS = 16
+MIN_TILE = 16
 # Below this many pairs the eager lowering beats compilation time ("auto").
 AUTO_COMPILE_MIN_PAIRS = 1 << 22
+BACKENDS = ("auto", "compiled", "eager")
 
 
 @dataclass
@@ -32,7 +39,8 @@ class Problem:
     """Variables of one reduction: IR info and their tensors.
 
     i/j tensors are (B, N, D) / (B, M, D) with B equal to the batch size or 1;
-    parameters are (D,). ``order`` fixes the argument order of tile kernels.
+    parameters are (B, D) (B may be 1). ``order`` fixes the argument order of
+    tile kernels.
     """
 
     info: dict[sympy.Symbol, ir.VarInfo]
@@ -54,8 +62,7 @@ class Problem:
 
     @property
     def batch(self) -> int:
-        sizes = [t.shape[0] for s, t in self.tensors.items() if self.info[s].axis != "p"]
-        return max(sizes, default=1)
+        return max((t.shape[0] for t in self.tensors.values()), default=1)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -71,6 +78,14 @@ class Problem:
         info = {s: ir.VarInfo(flip[v.axis], v.dim) for s, v in self.info.items()}
         return Problem(info, self.tensors, [])
 
+    def extended(self, extra: dict[sympy.Symbol, tuple[torch.Tensor, str]]) -> "Problem":
+        """The problem plus new variables (placed after the existing ones)."""
+        info, tensors = dict(self.info), dict(self.tensors)
+        for sym, (tensor, axis) in extra.items():
+            info[sym] = ir.VarInfo(axis, tensor.shape[-1])
+            tensors[sym] = tensor
+        return Problem(info, tensors, self.order + list(extra))
+
     def canonical(self, exprs: list[sympy.Expr]) -> tuple:
         """A structural key for ``exprs``: symbols renamed by axis and position."""
         rename = {s: ir.make_symbol(f"{self.info[s].axis}{k}_{self.info[s].dim}") for k, s in enumerate(self.order)}
@@ -83,92 +98,146 @@ class TilePlan:
     cols: int
 
 
+def check_chunk_size(chunk_size) -> tuple[int, int] | None:
+    """None, a positive int or a pair of positive ints (rows, cols)."""
+    if chunk_size is None:
+        return None
+    pair = (chunk_size, chunk_size) if not isinstance(chunk_size, (tuple, list)) else tuple(chunk_size)
+    if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in pair):
+        raise ValueError(f"chunk_size must be None, a positive int or a pair (rows, cols) of positive ints, got {chunk_size!r}")
+    return pair
+
+
+def check_backend(backend) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be 'auto', 'compiled' or 'eager', got {backend!r}")
+    return backend
+
+
+def bucket(size: int) -> int:
+    """The compiled tile extent for ``size``: a power of two, at least MIN_TILE."""
+    return max(MIN_TILE, 1 << math.ceil(math.log2(max(size, 1))))
+
+
 def plan_tiles(problem: Problem, consumers, chunk_size, compiled: bool) -> TilePlan:
-    """Tile shape from the memory budget, or from ``chunk_size`` (int or (rows, cols))."""
+    """Tile shape from the memory budget, or from ``chunk_size`` (int or (rows, cols)).
+
+    Compiled kernels get power-of-two extents from the budget (the last tile
+    is padded), so every N and M maps to one of a few buckets; a given
+    ``chunk_size`` is one fixed shape already.
+    """
     n, m = problem.size("i"), problem.size("j")
-    if chunk_size is not None:
-        rows, cols = (chunk_size, chunk_size) if isinstance(chunk_size, int) else tuple(chunk_size)
-        if rows < 1 or cols < 1:
-            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    given = check_chunk_size(chunk_size)
+    if given is not None:
+        rows, cols = given
     else:
         width = max([v.dim for v in problem.info.values()] + [c.dim for c in consumers] + [1])
         per_pair = problem.dtype.itemsize * problem.batch * (width + 2)
-        cols = min(m, MAX_TILE_COLS)
-        rows = max(MIN_TILE_ROWS, min(MAX_TILE_ROWS, TILE_BUDGET_BYTES // (per_pair * cols)))
-    if compiled:  # fixed shapes: round small problems up to a power of two, pad the tail
-        rows, cols = min(rows, _bucket(n)), min(cols, _bucket(m))
-    else:
-        rows, cols = min(rows, n), min(cols, m)
-    return TilePlan(rows, cols)
+        cols = min(MAX_TILE_COLS, bucket(m))
+        rows = max(MIN_TILE, min(MAX_TILE_ROWS, TILE_BUDGET_BYTES // (per_pair * cols)))
+        rows = 1 << int(math.log2(rows))  # a power of two at most the budget
+    if compiled:
+        return TilePlan(min(rows, bucket(n)), min(cols, bucket(m)))
+    return TilePlan(min(rows, n), min(cols, m))
 
 
-def _bucket(size: int) -> int:
-    return max(8, 1 << math.ceil(math.log2(max(size, 1))))
-
-
-def _block(t: torch.Tensor, start: int, stop: int, width: int) -> torch.Tensor:
-    """Rows [start, stop) along dim 1, padded to ``width`` by repeating the last row."""
-    block = t[:, start:stop]
-    short = width - block.shape[1]
-    if short > 0:
-        block = torch.cat([block, block[:, -1:].expand(-1, short, -1)], 1)
-    return block
+def _functorch_active() -> bool:
+    return torch._C._functorch.peek_interpreter_stack() is not None
 
 
 def use_compiled(backend: str, problem: Problem) -> bool:
-    if backend not in ("auto", "compiled", "eager"):
-        raise ValueError(f"backend must be 'auto', 'compiled' or 'eager', got {backend!r}")
-    if backend == "eager" or not kernels.compile_available() or torch.compiler.is_compiling():
+    check_backend(backend)
+    if backend == "eager" or not kernels.compile_available() or torch.compiler.is_compiling() or _functorch_active():
         return False
     if backend == "compiled":
         return True
     return problem.size("i") * problem.size("j") >= AUTO_COMPILE_MIN_PAIRS
 
 
-def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_size=None):
-    """One pass over all tiles; returns each consumer's finalized outputs (B, N, ...)."""
-    compiled = use_compiled(backend, problem)
-    plan = plan_tiles(problem, consumers, chunk_size, compiled)
-    key = (
-        tuple(c.signature for c in consumers),
-        problem.canonical([e for c in consumers for e in c.expressions]),
-        tuple(problem.info[s].axis for s in problem.order),
-        problem.dtype,
-        problem.device.type,
-        (plan.rows, plan.cols) if compiled else None,
-        problem.batch,
-    )
-    kernel = kernels.tile_kernel(consumers, problem.info, problem.order, key=key, compiled=compiled)
-    i_syms, j_syms, p_syms = (problem.axis_symbols(a) for a in ir.AXES)
-    n, m, batch = problem.size("i"), problem.size("j"), problem.batch
-    params = [problem.tensors[s] for s in p_syms]
-    device = problem.device
-    by_column = [c.axis == "j" for c in consumers]  # ColumnSum: its state spans all columns
-    results: list[list[tuple]] = [[] for _ in consumers]
-    column_states = {k: c.initial_state(batch, m, problem.dtype, device) for k, c in enumerate(consumers) if by_column[k]}
-    for r0 in range(0, n, plan.rows):
-        r1 = min(r0 + plan.rows, n)
-        width = plan.rows if compiled else r1 - r0
-        rows = [_block(problem.tensors[s], r0, r1, width) for s in i_syms]
-        rowmask = _valid(width, r1 - r0, problem.dtype, device).view(1, width, 1, 1)
-        states = [column_states.get(k) for k in range(len(consumers))]
-        for c0 in range(0, m, plan.cols):
-            c1 = min(c0 + plan.cols, m)
-            cwidth = plan.cols if compiled else c1 - c0
-            cols = [_block(problem.tensors[s], c0, c1, cwidth) for s in j_syms]
-            mask = _valid(cwidth, c1 - c0, problem.dtype, device).view(1, 1, cwidth, 1)
-            partials = kernel(rows, cols, params, mask, rowmask)
-            where = [slice(c0, c1) if column else c0 for column in by_column]
-            states = [c.combine(st, p, at) for c, st, p, at in zip(consumers, states, partials, where)]
-        for k, c in enumerate(consumers):
-            if not by_column[k]:
-                outs = c.finalize(states[k], width, batch)
-                results[k].append(tuple(o[:, : r1 - r0] for o in outs))
-    for k, state in column_states.items():
-        results[k].append(consumers[k].finalize(state, m, batch))
-    return [tuple(torch.cat(parts, 1) for parts in zip(*blocks)) for blocks in results]
+def _blocks(t: torch.Tensor, extent: int, total: int, fixed: bool) -> list[torch.Tensor]:
+    """Slices of ``t`` along dim 1; ``fixed``: each a fresh (B, extent, D) buffer, zero-padded."""
+    parts = []
+    for start in range(0, total, extent):
+        part = t[:, start:start + extent]
+        if fixed:
+            buffer = t.new_zeros(t.shape[0], extent, t.shape[2])
+            buffer[:, : part.shape[1]] = part
+            part = buffer
+        parts.append(part)
+    return parts
 
 
 def _valid(width: int, valid: int, dtype: torch.dtype, device) -> torch.Tensor:
     """1 for the first ``valid`` of ``width`` positions, 0 for padding, in the problem dtype."""
     return (torch.arange(width, device=device) < valid).to(dtype)
+
+
+def _lifted(problem: Problem, consumers) -> tuple[Problem, list[list[sympy.Expr]]]:
+    """Float constants of the consumers' formulas as parameters (one kernel for every value)."""
+    exprs = [e for c in consumers for e in c.expressions]
+    lifted, constants = ir.lift_constants(exprs)
+    if constants:
+        values = torch.tensor([v for _, v in constants], dtype=problem.dtype, device=problem.device)
+        problem = problem.extended({s: (values[k].reshape(1, 1), "p") for k, (s, _) in enumerate(constants)})
+    per_consumer, at = [], 0
+    for c in consumers:
+        per_consumer.append(lifted[at : at + len(c.expressions)])
+        at += len(c.expressions)
+    return problem, per_consumer
+
+
+def _expansion_safe(problem: Problem) -> bool:
+    """The norm expansion needs finite inputs (inf - inf is NaN where the exact answer is not)."""
+    return all(bool(torch.isfinite(t).all()) for s, t in problem.tensors.items() if problem.info[s].axis != "p")
+
+
+def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_size=None):
+    """One pass over all tiles; returns each consumer's finalized outputs.
+
+    Consumers reducing over j return (B, N, ...) tensors, column sums (B, M, D).
+    """
+    n, m, batch = problem.size("i"), problem.size("j"), problem.batch
+    if n == 0 or m == 0:
+        return [c.empty(batch, n if c.reduced_axis == "j" else m, problem.dtype, problem.device) for c in consumers]
+    compiled = use_compiled(backend, problem)
+    plan = plan_tiles(problem, consumers, chunk_size, compiled)
+    problem, exprs = _lifted(problem, consumers)
+    expand = _expansion_safe(problem)
+    i_syms, j_syms, p_syms = (problem.axis_symbols(a) for a in ir.AXES)
+    tensors = {s: t.detach() for s, t in problem.tensors.items()}
+    key = (
+        tuple(c.signature for c in consumers),
+        problem.canonical([e for es in exprs for e in es]),
+        tuple(problem.info[s].axis for s in problem.order),
+        problem.dtype,
+        problem.device.type,
+        expand,
+        ((plan.rows, plan.cols), tuple(tensors[s].shape[0] for s in problem.order)) if compiled else None,
+    )
+    kernel = kernels.tile_kernel(consumers, exprs, problem.info, problem.order, key=key, compiled=compiled, expand=expand)
+    params = [tensors[s] for s in p_syms]
+    device, dtype = problem.device, problem.dtype
+    col_blocks = [_blocks(tensors[s], plan.cols, m, compiled) for s in j_syms]
+    col_masks = [_valid(b.shape[1], min(plan.cols, m - c0), dtype, device).view(1, 1, -1, 1)
+                 for b, c0 in zip(col_blocks[0], range(0, m, plan.cols))]
+    row_blocks = [_blocks(tensors[s], plan.rows, n, compiled) for s in i_syms]
+    by_column = [c.reduced_axis == "i" for c in consumers]  # column sums: state spans all columns
+    results: list[list[tuple]] = [[] for _ in consumers]
+    column_states = {k: c.initial_state(batch, m, dtype, device) for k, c in enumerate(consumers) if by_column[k]}
+    for r, r0 in enumerate(range(0, n, plan.rows)):
+        rows = [blocks[r] for blocks in row_blocks]
+        valid_rows = min(plan.rows, n - r0)
+        rowmask = _valid(rows[0].shape[1], valid_rows, dtype, device).view(1, -1, 1, 1)
+        states = [column_states.get(k) for k in range(len(consumers))]
+        for c, c0 in enumerate(range(0, m, plan.cols)):
+            cols = [blocks[c] for blocks in col_blocks]
+            partials = kernel(rows, cols, params, col_masks[c], rowmask)
+            at = [slice(c0, c0 + plan.cols) if column else c0 for column in by_column]
+            states = [cons.combine(st, p, a) for cons, st, p, a in zip(consumers, states, partials, at)]
+        for k, cons in enumerate(consumers):
+            if not by_column[k]:
+                outs = cons.finalize(states[k], rows[0].shape[1], batch)
+                results[k].append(tuple(o[:, :valid_rows] for o in outs))
+    for k, state in column_states.items():
+        results[k].append(consumers[k].finalize(state, m, batch))
+    return [tuple(torch.cat(parts, 1) for parts in zip(*blocks)) for blocks in results]

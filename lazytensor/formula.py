@@ -13,7 +13,7 @@ from typing import Union
 import sympy
 import torch
 
-from . import autograd, engine, ir
+from . import autograd, engine, ir, reductions
 
 Number = Union[int, float]
 
@@ -76,7 +76,7 @@ class LazyTensor:
     ndim = ndim_features
 
     def _unary(self, fn) -> "LazyTensor":
-        return LazyTensor._build(fn(_numeric(self.expr)), self)
+        return LazyTensor._build(fn(ir.numeric(self.expr)), self)
 
     def _contract(self, fn, *others) -> "LazyTensor":
         """``fn`` of the operands summed over their (broadcast) features."""
@@ -84,13 +84,13 @@ class LazyTensor:
         widths = {o.width for o in operands} - {1}
         if len(widths) > 1:
             raise ValueError(f"feature sizes {sorted(widths)} do not broadcast in a feature contraction")
-        summed = ir.feature_sum(fn(*(_numeric(o.expr) for o in operands)), max(widths, default=1))
+        summed = ir.feature_sum(fn(*(ir.numeric(o.expr) for o in operands)), max(widths, default=1))
         return LazyTensor._build(summed, *operands, width=1)
 
     def _binary(self, other, fn, reverse: bool = False) -> "LazyTensor":
         other = as_lazy(other)
         a, b = (other, self) if reverse else (self, other)
-        return LazyTensor._build(fn(_numeric(a.expr), _numeric(b.expr)), a, b)
+        return LazyTensor._build(fn(ir.numeric(a.expr), ir.numeric(b.expr)), a, b)
 
     # -- arithmetic ---------------------------------------------------------
     def __add__(self, o):
@@ -149,13 +149,19 @@ class LazyTensor:
     def __ge__(self, o):
         return self._binary(o, sympy.GreaterThan)
 
+    def __eq__(self, o):  # a formula, as torch's ==: 1 where equal, else 0
+        return self._binary(o, lambda a, b: sympy.Eq(a, b, evaluate=False) if a.free_symbols or b.free_symbols else sympy.Eq(a, b))
+
+    def __ne__(self, o):
+        return self._binary(o, lambda a, b: sympy.Ne(a, b, evaluate=False) if a.free_symbols or b.free_symbols else sympy.Ne(a, b))
+
     __hash__ = object.__hash__
 
     def exp(self):
         return self._unary(sympy.exp)
 
     def log(self):
-        return self._unary(sympy.log)
+        return self._unary(lambda a: -sympy.oo if a == 0 else sympy.log(a))  # log(0) = -inf, as torch
 
     def sqrt(self):
         return self._unary(sympy.sqrt)
@@ -187,10 +193,15 @@ class LazyTensor:
     def sign(self):
         return self._unary(sympy.sign)
 
-    def clamp(self, low: Number, high: Number):
-        if not (isinstance(low, (int, float)) and isinstance(high, (int, float))) or low > high:
-            raise ValueError(f"clamp expects numeric bounds low <= high, got low={low!r}, high={high!r}")
-        return self._unary(lambda a: ir.Clamp(a, sympy.Float(low), sympy.Float(high)))
+    def clamp(self, low, high):
+        """min(max(self, low), high); bounds are numbers or formulas (as torch.clamp with tensor bounds)."""
+        for name, bound in (("low", low), ("high", high)):
+            if isinstance(bound, bool) or not isinstance(bound, (int, float, LazyTensor)):
+                raise TypeError(f"clamp: {name} must be a number or a LazyTensor, got {type(bound).__name__}")
+        if isinstance(low, (int, float)) and isinstance(high, (int, float)) and low > high:
+            raise ValueError(f"clamp expects low <= high, got low={low!r}, high={high!r}")
+        lo, hi = as_lazy(low), as_lazy(high)
+        return LazyTensor._build(ir.Clamp(ir.numeric(self.expr), ir.numeric(lo.expr), ir.numeric(hi.expr)), self, lo, hi)
 
     # -- feature contractions ----------------------------------------------
     def sqnorm2(self):
@@ -213,12 +224,12 @@ class LazyTensor:
         """Sum over j (dim=1 / "j"), over i (dim=0 / "i"), or over features (dim=-1)."""
         if dim in (-1, 2, "features"):
             return self._contract(lambda a: a)
-        return self._reduce("sum", dim, backend=backend, chunk_size=chunk_size)
+        return self._reduce(lambda e, p: reductions.Sum(e, p.info, self.width), dim, backend, chunk_size)[0]
 
     sum_reduction = sum
 
     def logsumexp(self, dim=1, *, backend: str = "auto", chunk_size=None):
-        return self._reduce("lse", dim, backend=backend, chunk_size=chunk_size)
+        return self._widen(self._reduce(lambda e, p: reductions.LogSumExp(e, p.info), dim, backend, chunk_size)[0])
 
     logsumexp_reduction = logsumexp
 
@@ -226,14 +237,16 @@ class LazyTensor:
         """sum_j softmax_j(F_ij) * values_j (values: LazyTensor or dense (M, E) tensor)."""
         axis = _axis(dim)
         if isinstance(values, torch.Tensor):
-            values = LazyTensor(values, "j" if axis == "j" else "i")
+            values = LazyTensor(values, axis)
         values = as_lazy(values)
-        return self._reduce("softmax", dim, values=values, backend=backend, chunk_size=chunk_size)[0]
+        make = lambda e, p: reductions.SoftmaxWeightedSum(e, ir.numeric(values.expr), p.info)  # noqa: E731
+        return self._reduce(make, dim, backend, chunk_size, values=values)[0]
 
     sumsoftmaxweight = softmax_weighted_sum
 
     def min_argmin(self, dim=1, *, backend: str = "auto", chunk_size=None):
-        return self._reduce("argmin", dim, backend=backend, chunk_size=chunk_size)
+        value, index = self._reduce(lambda e, p: reductions.ArgMin(e, p.info), dim, backend, chunk_size)
+        return self._widen(value), self._widen(index)
 
     def min(self, dim=1, **kw):
         return self.min_argmin(dim, **kw)[0]
@@ -242,7 +255,8 @@ class LazyTensor:
         return self.min_argmin(dim, **kw)[1]
 
     def max_argmax(self, dim=1, *, backend: str = "auto", chunk_size=None):
-        return self._reduce("argmin", dim, sign=-1, backend=backend, chunk_size=chunk_size)
+        value, index = self._reduce(lambda e, p: reductions.ArgMin(e, p.info, -1), dim, backend, chunk_size)
+        return self._widen(value), self._widen(index)
 
     def max(self, dim=1, **kw):
         return self.max_argmax(dim, **kw)[0]
@@ -252,7 +266,16 @@ class LazyTensor:
 
     def kmin_argkmin(self, k: int, dim=1, *, backend: str = "auto", chunk_size=None):
         """The k smallest values over the axis and their indices, ascending; (N, k) when C == 1."""
-        return self._reduce("kmin", dim, k=k, backend=backend, chunk_size=chunk_size)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+
+        def make(e, problem):
+            if k > problem.size("j"):
+                raise ValueError(f"k={k} is larger than the {problem.size('j')} entries reduced over")
+            return reductions.KMin(e, problem.info, k)
+
+        outs = self._reduce(make, dim, backend, chunk_size)
+        return tuple(o.squeeze(-1) if o.shape[-1] == 1 else o for o in (self._widen(t) for t in outs))
 
     def kmin(self, k: int, dim=1, **kw):
         return self.kmin_argkmin(k, dim, **kw)[0]
@@ -264,14 +287,11 @@ class LazyTensor:
 
     def quantile(self, q, dim=1, *, backend: str = "auto", chunk_size=None):
         """Exact q-quantile over the axis with torch.quantile's linear interpolation."""
-        from .quantile import streamed_quantile
-
-        axis = _axis(dim)
-        problem = self.problem(axis)
-        out = streamed_quantile(self.expr, problem, q, backend=backend, chunk_size=chunk_size)
-        if not isinstance(q, torch.Tensor):
-            out = self._widen(out)
-        return _unbatch(out, self._batched)
+        make = lambda e, p: reductions.Quantile(e, p.info, q, p.size("j"), p.dtype, p.device)  # noqa: E731
+        out = self._reduce(make, dim, backend, chunk_size)[0]  # (B?, N, Q, C)
+        if not isinstance(q, torch.Tensor) or q.dim() == 0:
+            return self._widen(out[..., 0, :])
+        return out.squeeze(-1) if out.shape[-1] == 1 else out
 
     def matmul(self, b: torch.Tensor, **kw):
         """K @ b for a scalar formula K_ij and a dense (M, C) (or (B, M, C)) tensor."""
@@ -298,26 +318,15 @@ class LazyTensor:
         problem = engine.Problem(info, {s: v.tensor for s, v in self.variables.items()})
         return problem.swapped() if axis == "i" else problem
 
-    def _reduce(self, kind: str, dim, *, values: "LazyTensor | None" = None, k: int = 1, sign: int = 1, backend, chunk_size):
+    def _reduce(self, make, dim, backend, chunk_size, *, values: "LazyTensor | None" = None) -> tuple:
+        """Run the reduction ``make(expr, problem)`` over ``dim``; its outputs without the batch dim if unbatched."""
         axis = _axis(dim)
+        engine.check_backend(backend)
+        engine.check_chunk_size(chunk_size)
         source = self if values is None else LazyTensor._build(self.expr, self, values, width=self.width)
-        if kind == "kmin":
-            if not isinstance(k, int) or k < 1:
-                raise ValueError(f"k must be a positive integer, got {k!r}")
         problem = source.problem(axis)
-        if kind == "kmin" and k > problem.size("j"):
-            raise ValueError(f"k={k} is larger than the {problem.size('j')} entries reduced over")
-        reduction = autograd.Reduction(
-            kind, self.expr, values.expr if values is not None else None, k, sign, backend, chunk_size
-        )
-        out = autograd.StreamedReduction.apply(reduction, problem, *[problem.tensors[s] for s in problem.order])
-        outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
-        if kind != "softmax":
-            outs = tuple(self._widen(o) for o in outs)
-        if kind == "kmin":
-            outs = tuple(o.squeeze(-1) if o.shape[-1] == 1 else o for o in outs)
-        outs = tuple(_unbatch(o, source._batched) for o in outs)
-        return outs[0] if len(outs) == 1 else outs
+        ((outs),) = autograd.reduce(problem, [make(ir.numeric(self.expr), problem)], backend, chunk_size)
+        return tuple(_unbatch(o, source._batched) for o in outs)
 
     def _widen(self, out: torch.Tensor) -> torch.Tensor:
         """Give a result the formula's feature size where sympy folded it to a scalar."""
@@ -331,13 +340,6 @@ class LazyTensor:
 
     def __bool__(self):
         raise TypeError("a LazyTensor has no truth value; reduce it first")
-
-
-def _numeric(expr: sympy.Expr) -> sympy.Expr:
-    """A comparison used in arithmetic counts as 1 where it holds, else 0."""
-    if isinstance(expr, (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction)):
-        return sympy.Piecewise((sympy.Integer(1), expr), (sympy.Integer(0), True))
-    return expr
 
 
 class _Variable:
@@ -377,7 +379,7 @@ def _normalize(x: torch.Tensor, axis: str):
     if axis == "p":
         if x.dim() > 1:
             raise ValueError(f"a parameter must be a scalar or a 1-D tensor, got shape {tuple(x.shape)}")
-        return x.reshape(-1), False
+        return x.reshape(1, -1), False
     if x.dim() == 1:
         return x.reshape(1, -1, 1), False
     if x.dim() == 2:
@@ -412,8 +414,6 @@ def _check_variables(variables: dict) -> None:
     for axis, found in sizes.items():
         if len(found) > 1:
             raise ValueError(f"{axis}-variables have different lengths {sorted(found)}")
-        if 0 in found:
-            raise ValueError(f"{axis}-variables are empty")
 
 
 def _axis(dim) -> str:
@@ -472,4 +472,5 @@ def Pm(t) -> LazyTensor:
 def where(cond: LazyTensor, a, b) -> LazyTensor:
     """Elementwise choice: ``a`` where ``cond`` holds, else ``b``."""
     cond, a, b = as_lazy(cond), as_lazy(a), as_lazy(b)
-    return LazyTensor._build(sympy.Piecewise((a.expr, cond.expr), (b.expr, True)), cond, a, b)
+    chosen = sympy.Piecewise((ir.numeric(a.expr), ir.condition(cond.expr)), (ir.numeric(b.expr), True))
+    return LazyTensor._build(chosen, cond, a, b)

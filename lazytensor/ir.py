@@ -3,10 +3,13 @@
 A symbol stands for a whole feature vector (an i-row, a j-row or a parameter
 vector); elementwise operations broadcast over features exactly like torch
 (a feature size of 1 broadcasts). Feature contractions are the opaque
-function ``FSum`` (sum over the feature axis), so a squared distance stays one
-node, ``FSum((x - y)**2)``, instead of D unrolled terms. sympy gives us
-canonical forms, structural sharing and exact local derivatives; ``vjp`` below
-chains them into reverse-mode formulas that are themselves IR.
+function ``FSum(arg, width)``: the sum over the ``width`` features of ``arg``
+broadcast to that width, so a squared distance stays one node,
+``FSum((x - y)**2, D)``, instead of D unrolled terms, and a size-1 term inside
+a contraction counts D times, as in torch. sympy gives us canonical forms,
+structural sharing and exact local derivatives; ``vjp`` and ``jvp`` below
+chain them into reverse- and forward-mode formulas that are themselves IR, so
+derivatives of any order are formulas the same engine runs.
 """
 from __future__ import annotations
 
@@ -43,24 +46,22 @@ def creation_index(sym: sympy.Symbol) -> int:
 
 
 class FSum(sympy.Function):
-    """Sum over the feature axis: (..., D) -> (..., 1)."""
+    """Sum over the feature axis of ``arg`` broadcast to ``width`` features: (..., D) -> (..., 1)."""
 
-    nargs = 1
+    nargs = 2
 
     @classmethod
-    def eval(cls, arg):
+    def eval(cls, arg, width):
         if arg.is_zero:
             return sympy.Integer(0)
+        if not arg.free_symbols:  # a constant: sympy folded x - x + 1, or a bare number
+            return arg * width
         return None
 
 
 def feature_sum(arg: sympy.Expr, width: int) -> sympy.Expr:
-    """FSum of ``arg`` whose feature size was ``width`` before sympy simplified it.
-
-    ``sqdist(x, x)`` or ``x - x + 1`` fold to constants that no longer carry
-    their feature size; their sum over features is the constant times ``width``.
-    """
-    return arg * width if not arg.free_symbols else FSum(arg)
+    """The contraction of ``arg`` over ``width`` features (its width before sympy folded it)."""
+    return FSum(arg, sympy.Integer(width))
 
 
 class Sigmoid(sympy.Function):
@@ -97,13 +98,62 @@ class InRange(sympy.Function):
 
 
 class Clamp(sympy.Function):
+    """min(max(a, lo), hi); the bounds may be formulas too (torch.clamp with tensor bounds)."""
+
     nargs = 3
 
     def fdiff(self, argindex=1):
-        if argindex != 1:
-            raise ValueError("clamp bounds must be constants")
         a, lo, hi = self.args
-        return InRange(a, lo, hi)
+        if argindex == 1:
+            return InRange(a, lo, hi)
+        if argindex == 2:
+            return _indicator(a < lo)
+        return _indicator(a > hi)
+
+
+class ZeroSafePow(sympy.Function):
+    """base**exponent where base != 0, else 0.
+
+    The derivative of u**e for 0 < e < 1 (sqrt, norms, p-norms) is infinite at
+    u = 0; torch's distance functions (``cdist``, ``norm``) use 0 there, the
+    usual subgradient. Local partials of such powers use this node, so the
+    gradient of a distance at zero distance is 0, not NaN.
+    """
+
+    nargs = 2
+
+    def fdiff(self, argindex=1):
+        base, exponent = self.args
+        if argindex == 1:
+            return exponent * ZeroSafePow(base, exponent - 1)
+        return ZeroSafePow(base, exponent) * sympy.log(base)
+
+
+def _indicator(cond) -> sympy.Expr:
+    return sympy.Piecewise((sympy.Integer(1), cond), (sympy.Integer(0), True))
+
+
+_LOGICAL = (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction, sympy.logic.boolalg.BooleanAtom)
+
+
+def numeric(expr: sympy.Expr) -> sympy.Expr:
+    """A comparison or logical formula as a number: 1 where it holds, else 0."""
+    if isinstance(expr, _LOGICAL):
+        if expr == sympy.true:
+            return sympy.Integer(1)
+        if expr == sympy.false:
+            return sympy.Integer(0)
+        return _indicator(expr)
+    return expr
+
+
+def condition(expr: sympy.Expr):
+    """A formula used as a condition: itself if boolean, else ``expr != 0``."""
+    if isinstance(expr, _LOGICAL):
+        return expr
+    if isinstance(expr, sympy.Piecewise) and expr.args[-1] == (0, True) and len(expr.args) == 2 and expr.args[0][0] == 1:
+        return expr.args[0][1]  # an indicator: back to its condition
+    return sympy.Ne(expr, 0)
 
 
 def feature_dim(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]) -> int:
@@ -124,8 +174,12 @@ def axes_of(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]) -> frozenset[st
     return frozenset(info[s].axis for s in expr.free_symbols if info[s].axis != "p")
 
 
-def _local_partial(node: sympy.Expr, k: int) -> sympy.Expr:
-    """d node / d arg_k, by sympy on placeholder symbols."""
+def local_partial(node: sympy.Expr, k: int) -> sympy.Expr:
+    """d node / d arg_k, by sympy on placeholder symbols (fractional powers: 0 at a zero base)."""
+    if isinstance(node, sympy.Pow) and k == 0:
+        base, exponent = node.args
+        if exponent.is_Number and 0 < exponent < 1:
+            return exponent * ZeroSafePow(base, exponent - 1)
     holders = [sympy.Dummy(f"a{n}", real=True) for n in range(len(node.args))]
     generic = node.func(*holders)
     return sympy.diff(generic, holders[k]).xreplace(dict(zip(holders, node.args)))
@@ -138,6 +192,15 @@ def _pieces(node: sympy.Piecewise):
         taken = [(sympy.Integer(0), c) for c in earlier] + [(sympy.Integer(1), cond), (sympy.Integer(0), True)]
         yield value, sympy.Piecewise(*taken)
         earlier.append(cond)
+
+
+def _differentiable_args(node: sympy.Expr):
+    """(argument, its local partial) pairs; Piecewise conditions are locally constant."""
+    if isinstance(node, sympy.Piecewise):
+        return list(_pieces(node))
+    if isinstance(node, _LOGICAL):
+        return []
+    return [(arg, local_partial(node, k)) for k, arg in enumerate(node.args)]
 
 
 def vjp(
@@ -153,7 +216,7 @@ def vjp(
     symbol's feature size. Elementwise nodes use sympy's exact local
     derivatives; where an argument broadcasts (feature size 1 under a size-D
     node) its cotangent is summed over features, and ``FSum`` hands its scalar
-    cotangent to every feature of its argument.
+    cotangent to every feature of its argument (D times to a size-1 argument).
     """
     targets = set(wrt)
     grads: dict[sympy.Symbol, sympy.Expr] = {s: sympy.Integer(0) for s in wrt}
@@ -165,17 +228,14 @@ def vjp(
             grads[node] = grads[node] + cot
             return
         if isinstance(node, FSum):
-            visit(node.args[0], cot)
+            arg, width = node.args
+            visit(arg, cot * width if feature_dim(arg, info) == 1 else cot)
             return
         node_dim = feature_dim(node, info)
-        if isinstance(node, sympy.Piecewise):  # conditions are locally constant
-            branches = list(_pieces(node))
-        else:
-            branches = [(arg, k) for k, arg in enumerate(node.args)]
-        for arg, how in branches:
+        for arg, partial in _differentiable_args(node):
             if not (arg.free_symbols & targets):
                 continue
-            arg_cot = cot * (how if isinstance(node, sympy.Piecewise) else _local_partial(node, how))
+            arg_cot = cot * partial
             if node_dim > 1 and feature_dim(arg, info) == 1:
                 arg_cot = feature_sum(arg_cot, node_dim)
             visit(arg, arg_cot)
@@ -184,10 +244,36 @@ def vjp(
         visit(out, cot)
     result = {}
     for s, g in grads.items():
-        if info[s].dim == 1 and feature_dim(g, info) > 1:
-            g = FSum(g)  # a scalar variable broadcast over features
+        width = feature_dim(g, info)
+        if info[s].dim == 1 and width > 1:
+            g = feature_sum(g, width)  # a scalar variable broadcast over features
         result[s] = g
     return result
+
+
+def jvp(expr: sympy.Expr, tangents: dict[sympy.Symbol, sympy.Symbol], info: dict[sympy.Symbol, VarInfo]) -> sympy.Expr:
+    """Forward-mode directional derivative of ``expr`` as IR.
+
+    ``tangents`` maps variables to the symbols of their tangents (same axis
+    and feature size); variables without a tangent are constants.
+    """
+    memo: dict[sympy.Expr, sympy.Expr] = {}
+
+    def visit(node: sympy.Expr) -> sympy.Expr:
+        if node in memo:
+            return memo[node]
+        if not (node.free_symbols & tangents.keys()):
+            out = sympy.Integer(0)
+        elif isinstance(node, sympy.Symbol):
+            out = tangents[node]
+        elif isinstance(node, FSum):
+            out = FSum(visit(node.args[0]), node.args[1])
+        else:
+            out = sympy.Add(*(partial * visit(arg) for arg, partial in _differentiable_args(node)))
+        memo[node] = out
+        return out
+
+    return visit(expr)
 
 
 def split_product(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]):
@@ -216,3 +302,20 @@ def sum_terms(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]):
     expanded = sympy.expand(expr, deep=False, power_base=False, power_exp=False, log=False, multinomial=False)
     terms = expanded.args if isinstance(expanded, sympy.Add) else (expanded,)
     return [split_product(t, info) for t in terms]
+
+
+def lift_constants(exprs: list[sympy.Expr]) -> tuple[list[sympy.Expr], list[tuple[sympy.Symbol, float]]]:
+    """Replace float constants by parameter symbols, so a new value never needs a new kernel.
+
+    Integers and rationals stay in the formula: they choose the lowering
+    (``x**2`` is a square, ``x**(1/2)`` a sqrt). Returns the new expressions and
+    (symbol, value) pairs in a deterministic order.
+    """
+    found: dict[sympy.Float, sympy.Symbol] = {}
+    for e in exprs:
+        for node in sympy.preorder_traversal(e):
+            if isinstance(node, sympy.Float) and node not in found:
+                found[node] = make_symbol(f"c{len(found)}")
+    if not found:
+        return list(exprs), []
+    return [e.xreplace(found) for e in exprs], [(s, float(f)) for f, s in found.items()]

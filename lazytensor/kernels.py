@@ -1,25 +1,30 @@
-"""Compiled tile kernels: one cache, one fallback.
+"""Compiled tile kernels: one bounded cache, one fallback.
 
 A kernel is the generated tile function for a set of consumers, compiled by
-torch.compile on a fixed tile shape (ragged tiles are padded by the engine, so
-a new N or M never recompiles). Kernels are cached by (IR signature, dtype,
-device, tile shape, backend). If compilation fails, the eager function takes
-over for that key after one warning: a slow answer beats no answer, and the
-warning says why it is slow.
+torch.compile on a fixed tile shape (the engine pads ragged tiles into
+fixed-stride buffers and passes float constants as values, so a new N, M or
+constant never recompiles). Kernels are cached by (IR signature, dtype,
+device, tile shape, backend) in a least-recently-used cache of
+``MAX_KERNELS`` entries. If compilation fails at any call, the eager function
+takes over for that key after one warning: a slow answer beats no answer, and
+the warning says why it is slow.
 """
 from __future__ import annotations
 
 import os
 import threading
 import warnings
+from collections import OrderedDict
 from typing import Callable
 
 import torch
 
 from . import lower
 
-_CACHE: dict[tuple, Callable] = {}
+MAX_KERNELS = 64
+_CACHE: OrderedDict[tuple, Callable] = OrderedDict()
 _LOCK = threading.Lock()
+stats = {"built": 0, "fallbacks": 0}  # kernels generated (cache misses) and compile failures
 
 
 class CompileFallbackWarning(RuntimeWarning):
@@ -27,44 +32,51 @@ class CompileFallbackWarning(RuntimeWarning):
 
 
 def _compiled(eager: Callable, label: str) -> Callable:
-    compiled = torch.compile(eager, fullgraph=True, dynamic=False)
-    state = {"fn": compiled, "checked": False}
+    state = {"fn": torch.compile(eager, fullgraph=True, dynamic=False), "compiled": True}
 
     def run(*args):
-        if state["checked"]:
-            return state["fn"](*args)
-        try:
-            out = compiled(*args)
-        except Exception as exc:  # noqa: BLE001 - any compiler failure falls back
-            warnings.warn(
-                f"torch.compile failed for tile kernel {label} ({type(exc).__name__}: {exc}); running eager",
-                CompileFallbackWarning,
-                stacklevel=3,
-            )
-            state["fn"] = eager
-            out = eager(*args)
-        state["checked"] = True
-        return out
+        if state["compiled"]:
+            try:
+                return state["fn"](*args)
+            except Exception as exc:  # noqa: BLE001 - any compiler failure falls back
+                warnings.warn(
+                    f"torch.compile failed for tile kernel {label} ({type(exc).__name__}: {exc}); running eager",
+                    CompileFallbackWarning,
+                    stacklevel=3,
+                )
+                stats["fallbacks"] += 1
+                state["fn"], state["compiled"] = eager, False
+        return state["fn"](*args)
 
     return run
 
 
-def tile_kernel(consumers, info, order, *, key: tuple, compiled: bool) -> Callable:
-    """The (cached) tile function for ``consumers`` under ``key``."""
+def tile_kernel(consumers, exprs, info, order, *, key: tuple, compiled: bool, expand: bool = True) -> Callable:
+    """The (cached) tile function for ``consumers`` evaluating ``exprs`` under ``key``."""
     full_key = (key, compiled)
     with _LOCK:
         fn = _CACHE.get(full_key)
-        if fn is None:
-            label = f"{abs(hash(key)) % 10**8:08d}"
-            eager = lower.build_tile_function(consumers, info, order, label)
-            fn = _compiled(eager, label) if compiled else eager
-            fn.source = eager.source
-            _CACHE[full_key] = fn
+        if fn is not None:
+            _CACHE.move_to_end(full_key)
+            return fn
+        label = f"{abs(hash(key)) % 10**8:08d}"
+        eager = lower.build_tile_function(consumers, exprs, info, order, label, expand=expand)
+        fn = _compiled(eager, label) if compiled else eager
+        fn.source = eager.source
+        _CACHE[full_key] = fn
+        stats["built"] += 1
+        while len(_CACHE) > MAX_KERNELS:
+            _CACHE.popitem(last=False)
     return fn
 
 
 def cache_size() -> int:
     return len(_CACHE)
+
+
+def clear_cache() -> None:
+    with _LOCK:
+        _CACHE.clear()
 
 
 def compile_available() -> bool:

@@ -1,14 +1,16 @@
 """Lowering: IR expressions -> the source of one per-tile PyTorch function.
 
 The generated function receives row blocks of the i-variables (B, n, D),
-column blocks of the j-variables (B, m, D), the parameters, and a column mask
-(1, 1, m, 1). Every node evaluates to a tensor that broadcasts to
-(B, n, m, D): i-only nodes keep shape (B, n, 1, D), j-only nodes (B, 1, m, D),
-so nothing is computed on the full tile unless it depends on both indices.
-Feature contractions become matrix products where their structure allows
-(x.y, |x - y|^2 by norm expansion); the elementwise rest is left for
-torch.compile to fuse. The consumers' ``partial`` methods are called at the
-end of the function, so a tile reduction fuses with the formula that feeds it.
+column blocks of the j-variables (B, m, D), the parameters (B, D) (float
+constants of the formula are parameters too, so a new value reuses the
+kernel), and the column and row masks. Every node evaluates to a tensor that
+broadcasts to (B, n, m, D): i-only nodes keep shape (B, n, 1, D), j-only
+nodes (B, 1, m, D), so nothing is computed on the full tile unless it depends
+on both indices. Feature contractions become matrix products where their
+structure allows (x.y, |x - y|^2 by a centred norm expansion); the
+elementwise rest is left for torch.compile to fuse. The consumers' ``partial``
+methods are called at the end of the function, so a tile reduction fuses with
+the formula that feeds it.
 
 Common subexpressions are shared by memoising nodes: sympy expressions are
 hashed structurally, so equal subtrees lower once.
@@ -16,6 +18,7 @@ hashed structurally, so equal subtrees lower once.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Sequence
 
 import sympy
@@ -48,17 +51,40 @@ _RELATIONS = {
     sympy.Equality: "==",
     sympy.Unequality: "!=",
 }
+_SPECIAL_CONSTANTS = {sympy.oo: "inf", -sympy.oo: "-inf", sympy.zoo: "inf", sympy.nan: "nan"}
 
 
 class UnsupportedFormula(ValueError):
     """The formula uses a construct the lowering does not know."""
 
 
+def exact_distances(exprs: Sequence[sympy.Expr]) -> set[sympy.Expr]:
+    """Contractions under a fractional power (sqrt, norms): their cancellation would be amplified.
+
+    The norm expansion of |x - y|^2 has an absolute error of a few ulps of
+    |x|^2; under exp(-g d^2) that is harmless, under sqrt it turns a zero
+    distance into sqrt(eps). These keep the direct difference.
+    """
+    found = set()
+    for e in exprs:
+        for node in sympy.preorder_traversal(e):
+            base = None
+            if isinstance(node, sympy.Pow) and not node.exp.is_Integer:
+                base = node.base
+            elif isinstance(node, ir.ZeroSafePow):
+                base = node.args[0]
+            if isinstance(base, ir.FSum):
+                found.add(base)
+    return found
+
+
 class TileSource:
     """Builds the text of one tile function; ``emit`` returns a local name."""
 
-    def __init__(self, info: dict[sympy.Symbol, ir.VarInfo], order: Sequence[sympy.Symbol]):
+    def __init__(self, info: dict[sympy.Symbol, ir.VarInfo], order: Sequence[sympy.Symbol], *,
+                 expand: bool = True, exact: set = frozenset()):
         self.info = info
+        self.expand, self.exact = expand, exact
         self.lines: list[str] = []
         self.names: dict[sympy.Expr, str] = {}
         self._fresh = (f"t{k}" for k in itertools.count())
@@ -68,7 +94,7 @@ class TileSource:
             slot = counters[axis]
             counters[axis] += 1
             name = f"{axis}{slot}"
-            view = {"i": f"I[{slot}].unsqueeze(2)", "j": f"J[{slot}].unsqueeze(1)", "p": f"P[{slot}]"}[axis]
+            view = {"i": f"I[{slot}].unsqueeze(2)", "j": f"J[{slot}].unsqueeze(1)", "p": f"P[{slot}][:, None, None, :]"}[axis]
             self.lines.append(f"{name} = {view}")
             self.names[sym] = name
 
@@ -82,13 +108,20 @@ class TileSource:
         if expr in self.names:
             return self.names[expr]
         if not expr.free_symbols:
-            if expr in (sympy.true, sympy.false):
-                return repr(bool(expr))
-            value = complex(expr.evalf())
-            if value.imag != 0:
-                raise UnsupportedFormula(f"constant {expr} is not real")
-            return repr(float(value.real))
+            return self._constant(expr)
         return self._assign(expr, self._code(expr))
+
+    @staticmethod
+    def _constant(expr: sympy.Expr) -> str:
+        if expr in (sympy.true, sympy.false):
+            return repr(bool(expr))
+        if expr in _SPECIAL_CONSTANTS:
+            return _SPECIAL_CONSTANTS[expr]
+        value = complex(expr.evalf())
+        if value.imag != 0:
+            raise UnsupportedFormula(f"constant {expr} is not real")
+        real = value.real
+        return repr(real) if math.isfinite(real) else ("nan" if math.isnan(real) else ("inf" if real > 0 else "-inf"))
 
     def _code(self, e: sympy.Expr) -> str:  # noqa: C901 - one dispatch table
         if isinstance(e, sympy.Add):
@@ -97,20 +130,23 @@ class TileSource:
             return " * ".join(self.emit(a) for a in e.args)
         if isinstance(e, sympy.Pow):
             return self._pow(*e.args)
+        if isinstance(e, ir.ZeroSafePow):
+            b = self.emit(e.args[0])
+            return f"torch.where({b} == 0, 0.0, {self._pow(*e.args)})"
         if isinstance(e, ir.FSum):
-            return self._fsum(e.args[0])
+            return self._fsum(e.args[0], int(e.args[1]), e)
         for func, torch_name in _UNARY.items():
             if isinstance(e, func):
                 return f"{torch_name}({self.emit(e.args[0])})"
         if isinstance(e, (ir.Step, sympy.Heaviside)):
             a = self.emit(e.args[0])
-            half = float(e.args[1]) if len(e.args) > 1 else 0.0
+            half = self.emit(e.args[1]) if len(e.args) > 1 else "0.0"
             return f"torch.where({a} > 0, 1.0, torch.where({a} == 0, {half}, 0.0)).to({a}.dtype)"
         if isinstance(e, sympy.DiracDelta):
             return f"torch.zeros_like({self.emit(e.args[0])})"
         if isinstance(e, ir.Clamp):
-            a, lo, hi = (self.emit(x) for x in e.args)
-            return f"torch.clamp({a}, {lo}, {hi})"
+            a, lo, hi = (self._tensor(x) for x in e.args)
+            return f"torch.minimum(torch.maximum({a}, {lo}), {hi})"
         if isinstance(e, ir.InRange):
             a, lo, hi = (self.emit(x) for x in e.args)
             return f"(({a} >= {lo}) & ({a} <= {hi})).to({a}.dtype)"
@@ -140,9 +176,9 @@ class TileSource:
         raise UnsupportedFormula(f"cannot lower {type(e).__name__}: {e}")
 
     def _tensor(self, e: sympy.Expr) -> str:
-        """A node as a tensor even when it is a constant (for where/maximum)."""
+        """A node as a tensor of the problem's dtype even when it is a constant (where/maximum)."""
         name = self.emit(e)
-        return name if e.free_symbols else f"torch.tensor({name})"
+        return name if e.free_symbols else f"torch.full((), {name}, dtype=mask.dtype, device=mask.device)"
 
     def _pow(self, base: sympy.Expr, exp: sympy.Expr) -> str:
         b = self.emit(base)
@@ -164,21 +200,24 @@ class TileSource:
         return f"torch.pow({self._tensor(base)}, {self.emit(exp)})"
 
     # -- feature contractions -------------------------------------------------
-    def _fsum(self, arg: sympy.Expr) -> str:
-        if ir.axes_of(arg, self.info) != {"i", "j"}:
-            return f"{self.emit(arg)}.sum(-1, keepdim=True)"
-        if isinstance(arg, sympy.Add):  # linearity: contract each term on its own
-            return " + ".join(self.emit(ir.FSum(t)) for t in arg.args)
-        if isinstance(arg, sympy.Mul):
-            left, mixed, right = ir.split_product(arg, self.info)
-            if mixed == 1:
-                return self._dot(left, right)
-        if isinstance(arg, sympy.Pow) and arg.exp == 2 and isinstance(arg.base, sympy.Add):
-            if ir.feature_dim(arg, self.info) >= EXPANSION_MIN_FEATURES:
+    def _fsum(self, arg: sympy.Expr, width: int, node: sympy.Expr) -> str:
+        """The sum over ``width`` features of ``arg`` (a size-1 ``arg`` counts ``width`` times)."""
+        if ir.axes_of(arg, self.info) == {"i", "j"}:
+            if isinstance(arg, sympy.Add):  # linearity: contract each term on its own
+                return " + ".join(self.emit(ir.FSum(t, width)) for t in arg.args)
+            if isinstance(arg, sympy.Mul):
+                left, mixed, right = ir.split_product(arg, self.info)
+                if mixed == 1:
+                    return self._dot(left, right, width)
+            if (isinstance(arg, sympy.Pow) and arg.exp == 2 and isinstance(arg.base, sympy.Add)
+                    and width >= EXPANSION_MIN_FEATURES and self.expand and node not in self.exact):
                 sides = self._split_sum(arg.base)
                 if sides is not None:
-                    return self._sqdist(*sides)
-        return f"{self.emit(arg)}.sum(-1, keepdim=True)"
+                    return self._sqdist(*sides, width)
+        value = self.emit(arg)
+        if ir.feature_dim(arg, self.info) == 1:
+            return value if width == 1 else f"({width} * {value})"
+        return f"{value}.sum(-1, keepdim=True)"
 
     def _split_sum(self, base: sympy.Add):
         left, right = [], []
@@ -190,53 +229,55 @@ class TileSource:
         return sympy.Add(*left), sympy.Add(*right)
 
     def _rows(self, expr: sympy.Expr, width: int) -> str:
-        """An i-side node as (B, n, D) and a j-side node as (B, m, D)."""
+        """An i-side node as (B, n, D) and a j-side node as (B, m, D) (constants: the i side)."""
         name = self.emit(expr)
-        axes = ir.axes_of(expr, self.info)
-        if "j" in axes:
-            code = f"{name}[:, 0]"
-        elif "i" in axes:
-            code = f"{name}[:, :, 0]"
-        else:
-            raise UnsupportedFormula(f"{expr} has no indexed variable")
+        if not expr.free_symbols:
+            name = f"torch.full((1, 1, 1, 1), {name}, dtype=mask.dtype, device=mask.device)"
+        code = f"{name}[:, 0]" if "j" in ir.axes_of(expr, self.info) else f"{name}[:, :, 0]"
         if ir.feature_dim(expr, self.info) == 1 and width > 1:
             code = f"{code}.expand(-1, -1, {width})"
         return code
 
-    def _dot(self, left: sympy.Expr, right: sympy.Expr) -> str:
-        width = max(ir.feature_dim(left, self.info), ir.feature_dim(right, self.info))
+    def _dot(self, left: sympy.Expr, right: sympy.Expr, width: int) -> str:
         a, b = self._rows(left, width), self._rows(right, width)
         return f"torch.matmul({a}, {b}.transpose(-1, -2)).unsqueeze(-1)"
 
-    def _sqdist(self, left: sympy.Expr, right: sympy.Expr) -> str:
-        width = max(ir.feature_dim(left, self.info), ir.feature_dim(right, self.info))
-        a, b = self.emit(left), self.emit(right)
-        cross = f"torch.matmul({self._rows(left, width)}, {self._rows(right, width)}.transpose(-1, -2)).unsqueeze(-1)"
+    def _sqdist(self, left: sympy.Expr, right: sympy.Expr, width: int) -> str:
+        """|l + r|^2 = |a|^2 + |b|^2 + 2 a.b with a = l + c, b = r - c, c the mean of r.
+
+        Centring on the column block keeps the expansion's cancellation error
+        relative to the points' spread, not to their distance from the origin.
+        """
+        right_rows = self._assign(sympy.Dummy(), self._rows(right, width))
+        centre = self._assign(sympy.Dummy(), f"{right_rows}.mean(1, keepdim=True)")
+        a = self._assign(sympy.Dummy(), f"{self._rows(left, width)} + {centre}")
+        b = self._assign(sympy.Dummy(), f"{right_rows} - {centre}")
+        cross = f"torch.matmul({a}, {b}.transpose(-1, -2))"
         sq_a = f"torch.square({a}).sum(-1, keepdim=True)"
-        sq_b = f"torch.square({b}).sum(-1, keepdim=True)"
-        if ir.feature_dim(left, self.info) < width:
-            sq_a = f"({width} * {sq_a})"
-        if ir.feature_dim(right, self.info) < width:
-            sq_b = f"({width} * {sq_b})"
-        return f"({sq_a} + {sq_b} + 2.0 * {cross}).clamp_min(0.0)"
+        sq_b = f"torch.square({b}).sum(-1).unsqueeze(1)"
+        return f"({sq_a} + {sq_b} + 2.0 * {cross}).clamp_min(0.0).unsqueeze(-1)"
 
 
-def tile_function_source(consumers, info, order) -> str:
-    """Text of ``tile(I, J, P, mask, rowmask)`` returning every consumer's partial."""
-    src = TileSource(info, order)
+def tile_function_source(consumers, exprs, info, order, *, expand: bool = True) -> str:
+    """Text of ``tile(I, J, P, mask, rowmask)`` returning every consumer's partial.
+
+    ``exprs[k]`` are the expressions consumer k needs (its ``expressions``
+    with float constants lifted to parameters).
+    """
+    src = TileSource(info, order, expand=expand, exact=exact_distances([e for es in exprs for e in es]))
     outputs = []
     for k, consumer in enumerate(consumers):
-        values = [src.emit(e) for e in consumer.expressions]
-        which = "rowmask" if consumer.axis == "j" else "mask"
+        values = [src.emit(e) for e in exprs[k]]
+        which = "rowmask" if consumer.reduced_axis == "i" else "mask"
         src.lines.append(f"c{k} = C{k}.partial([{', '.join(values)}], {which})")
         outputs.append(f"c{k}")
     body = "\n".join("    " + line for line in src.lines)
     return f"def tile(I, J, P, mask, rowmask):\n{body}\n    return ({', '.join(outputs)},)\n"
 
 
-def build_tile_function(consumers, info, order, label: str):
-    source = tile_function_source(consumers, info, order)
-    namespace = {"torch": torch, **{f"C{k}": c for k, c in enumerate(consumers)}}
+def build_tile_function(consumers, exprs, info, order, label: str, *, expand: bool = True):
+    source = tile_function_source(consumers, exprs, info, order, expand=expand)
+    namespace = {"torch": torch, "inf": math.inf, "nan": math.nan, **{f"C{k}": c for k, c in enumerate(consumers)}}
     exec(compile(source, f"<lazytensor:{label}>", "exec"), namespace)
     fn = namespace["tile"]
     fn.source = source

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from .attention import streamed_attention
 from .formula import Pm, Vi, Vj
-from .quantile import quantile_ranks
+from .reductions.quantile import quantile_ranks
 
 IMPLS = ("streamed", "dense")
 # torch.quantile refuses inputs above 2**24 elements: the dense twin goes in row blocks.

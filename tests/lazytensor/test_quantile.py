@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import lazytensor as lt
-from lazytensor import quantile as quantile_module
+from lazytensor.reductions import quantile as quantile_module
 
 
 def direct_distances(x, y):

@@ -35,8 +35,8 @@ import math
 import sympy
 import torch
 
-from . import autograd, engine, ir
-from .reductions import Consumer
+from .. import engine, ir
+from .base import Consumer, Reduction, channels_at_selection, select_channels
 
 BITS = 11
 BUCKETS = 1 << BITS
@@ -64,6 +64,7 @@ class _PerTarget(Consumer):
 
     name: str
     size: int  # the pass's own constant (histogram bits, candidates kept): part of the kernel key
+    reduced_axis = "j"
 
     def __init__(self, expr, *per_row, channels: int, ranks: int):
         self.expressions = [expr, *per_row]
@@ -158,11 +159,7 @@ class Candidates(_PerTarget):
 def _with_variables(problem: engine.Problem, extra: list[tuple[torch.Tensor, str]]):
     """The problem plus new variables (tensors after the formula's own)."""
     syms = [ir.new_variable_symbol() for _ in extra]
-    info, tensors = dict(problem.info), dict(problem.tensors)
-    for sym, (tensor, axis) in zip(syms, extra):
-        info[sym] = ir.VarInfo(axis, tensor.shape[-1])
-        tensors[sym] = tensor
-    return engine.Problem(info, tensors, problem.order + syms), syms
+    return problem.extended({s: e for s, e in zip(syms, extra)}), syms
 
 
 def select_ranks(expr: sympy.Expr, problem: engine.Problem, ranks: torch.Tensor, *, backend="auto", chunk_size=None):
@@ -191,7 +188,7 @@ def select_ranks(expr: sympy.Expr, problem: engine.Problem, ranks: torch.Tensor,
     while count_max > CANDIDATES:
         passing, (vb, vn, vs) = _with_variables(
             problem, [(per_target(base), "i"), (per_target(rank - below, torch.int64), "i"),
-                      (torch.tensor([shift], dtype=itype, device=device), "p")]
+                      (torch.tensor([[shift]], dtype=itype, device=device), "p")]
         )
         consumer = Histogram(expr, vb, vn, vs, channels=channels, ranks=nranks)
         ((bucket, before, inside, nan_pass),) = engine.stream(passing, [consumer], backend=backend, chunk_size=chunk_size)
@@ -237,52 +234,55 @@ def quantile_ranks(q, m: int, dtype: torch.dtype, device):
     return scalar, lower, upper, position - lower
 
 
-class _Quantile(torch.autograd.Function):
-    """Forward: replay passes; backward: the formula's VJP on the selected pairs."""
+class Quantile(Reduction):
+    """The exact q-quantile over j by replay; outputs (value (B, N, Q, C), selected indices, NaN rows)."""
 
-    @staticmethod
-    def forward(ctx, spec, q, problem, *tensors):
-        problem = engine.Problem(problem.info, dict(zip(problem.order, tensors)), problem.order)
-        expr, backend, chunk_size = spec
-        _, lower, upper, weight = quantile_ranks(q, problem.size("j"), problem.dtype, problem.device)
+    name = "quantile"
+    differentiable = (True, False, False)
+    single_pass = False
+
+    def __init__(self, expr: sympy.Expr, info: dict, q, m: int, dtype: torch.dtype, device):
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"quantile supports float32 and float64 formulas, got {dtype}")
+        self.expr = expr
+        self.dim = ir.feature_dim(expr, info)
+        self.expressions = [expr]
+        self.scalar, lower, upper, weight = quantile_ranks(q, m, dtype, device)
         # upper is lower or lower + 1: select each distinct lower rank once, with its successor
-        ranks, lo_at = torch.unique(lower, return_inverse=True)
-        value, index, nan = select_ranks(expr, problem, ranks, backend=backend, chunk_size=chunk_size)
-        hi_at = lo_at + ranks.numel() * (upper > lower)
-        w = weight.view(1, 1, -1, 1)
-        out = torch.lerp(value[:, :, lo_at], value[:, :, hi_at], w)
-        out = out.masked_fill(nan.unsqueeze(2), math.nan)
-        ctx.spec, ctx.problem = spec, problem
-        ctx.save_for_backward(*tensors, index, lo_at, hi_at, w, nan)
-        return out
+        self.ranks, self.lo_at = torch.unique(lower, return_inverse=True)
+        self.hi_at = self.lo_at + self.ranks.numel() * (upper > lower)
+        self.weight = weight.view(1, 1, -1, 1)
+        self.signature = ("quantile", self.dim, tuple(self.ranks.tolist()))
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        problem = ctx.problem
-        *tensors, index, lo_at, hi_at, w, nan = ctx.saved_tensors
-        problem = engine.Problem(problem.info, dict(zip(problem.order, tensors)), problem.order)
-        wanted = [s for s, need in zip(problem.order, ctx.needs_input_grad[3:]) if need]
-        if not wanted:
-            return (None, None, None, *[None] * len(tensors))
-        grad = grad.masked_fill(nan.unsqueeze(2), 0.0)
-        selected = torch.zeros_like(index, dtype=grad.dtype)
-        selected.index_add_(2, lo_at, grad * (1 - w))
-        selected.index_add_(2, hi_at, grad * w)
-        reduction = autograd.Reduction("kmin", ctx.spec[0])
-        result = autograd._selected_pairs_vjp(reduction, problem, wanted, selected, index)
-        return (None, None, None, *[result.get(s) for s in problem.order])
+    def run(self, problem, backend, chunk_size):
+        batch, n, q = problem.batch, problem.size("i"), self.weight.shape[2]
+        if problem.size("j") == 0:
+            raise ValueError("quantile: cannot take a quantile over an empty axis")
+        if n == 0:
+            empty = lambda k, dtype: torch.empty(batch, 0, k, self.dim, dtype=dtype, device=problem.device)  # noqa: E731
+            return empty(q, problem.dtype), empty(2 * self.ranks.numel(), torch.int64), \
+                torch.empty(batch, 0, self.dim, dtype=torch.bool, device=problem.device)
+        value, index, nan = select_ranks(self.expr, problem, self.ranks, backend=backend, chunk_size=chunk_size)
+        out = torch.lerp(value[:, :, self.lo_at], value[:, :, self.hi_at], self.weight)
+        return out.masked_fill(nan.unsqueeze(2), math.nan), index, nan
 
+    def _selected(self, t: torch.Tensor) -> torch.Tensor:
+        """Per-quantile cotangents (B, N, Q, C) onto the selected order statistics (B, N, 2R, C)."""
+        shape = (*t.shape[:2], 2 * self.ranks.numel(), t.shape[3])
+        low = torch.zeros(shape, dtype=t.dtype, device=t.device).index_add(2, self.lo_at, t * (1 - self.weight))
+        return low.index_add(2, self.hi_at, t * self.weight)
 
-def streamed_quantile(expr: sympy.Expr, problem: engine.Problem, q, *, backend="auto", chunk_size=None):
-    """Exact q-quantile over the problem's j axis: (B, N, C) for a float q, (B, N, Q[, C]) for a 1-D tensor."""
-    if problem.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"quantile supports float32 and float64 formulas, got {problem.dtype}")
-    scalar, *_ = quantile_ranks(q, problem.size("j"), problem.dtype, problem.device)  # validates q early
-    if isinstance(q, torch.Tensor):
-        q = q.detach()
-    tensors = [problem.tensors[s] for s in problem.order]
-    out = _Quantile.apply((expr, backend, chunk_size), q, problem, *tensors)  # (B, N, Q, C)
-    if scalar:
-        return out[:, :, 0]
-    return out.squeeze(-1) if out.shape[-1] == 1 else out
+    def vjp(self, collector, outs, grads):
+        _, index, nan = outs
+        select_channels(collector, self.expr, index, self._selected(grads[0].masked_fill(nan.unsqueeze(2), 0.0)))
+
+    def jvp(self, collector, outs):
+        _, index, nan = outs
+        pick = channels_at_selection(collector, self.expr, index)
+
+        def tangent(results):
+            t = pick(results)
+            out = torch.lerp(t[:, :, self.lo_at], t[:, :, self.hi_at], self.weight)
+            return out.masked_fill(nan.unsqueeze(2), math.nan), None, None
+
+        return tangent

@@ -1,0 +1,13 @@
+"""Reductions: each one a class that owns its tile consumer, its outputs and its derivatives.
+
+A new reduction is one module here; ``autograd.reduce`` runs any list of
+them in one pass (forward, backward, forward-mode and under vmap) without
+knowing which they are.
+"""
+from .base import Consumer, Reduction
+from .quantile import Quantile
+from .selection import ArgMin, KMin
+from .softmax import LogSumExp, SoftmaxWeightedSum, merge
+from .sum import Sum
+
+__all__ = ["Consumer", "Reduction", "Sum", "LogSumExp", "SoftmaxWeightedSum", "ArgMin", "KMin", "Quantile", "merge"]

@@ -1,0 +1,107 @@
+"""What every reduction is: a consumer of tiles, a set of outputs, and its derivatives.
+
+A *consumer* names the IR expressions it needs on each tile
+(``expressions``), reduces one tile to a small partial inside the compiled
+tile function (``partial``: traced, so it must depend only on
+``signature``), merges partials across blocks in Python (``combine``) and
+returns the block's results (``finalize``). Reductions over j fold the
+columns of a (B, n, m, C) tile into per-row state; a sum over i
+(``reduced_axis = "i"``) folds rows into state that spans every column.
+
+A *reduction* is a consumer that also knows its outputs (which are
+differentiable) and how to differentiate them, in both modes, as more
+streamed work: ``vjp`` hands a collector either cotangents on the tile
+values (run as one streamed pass of sums) or cotangents on selected pairs
+(min, k-min, quantile); ``jvp`` asks the collector for sums or selected
+values of the formula's tangent. The autograd function in ``autograd.py``
+works over a list of reductions and never looks inside one.
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+
+def masked(t, mask: torch.Tensor, fill: float) -> torch.Tensor:
+    """A lowered value broadcast to the tile with padded positions set to ``fill``.
+
+    ``mask`` is the column mask (1, 1, m, 1) or the row mask (1, n, 1, 1), in
+    the problem's dtype: 1 for real columns (rows), 0 for padding.
+    """
+    if not isinstance(t, torch.Tensor):  # a formula sympy folded to a constant
+        t = mask.new_full((), t)
+    return torch.where(mask > 0, t, fill)
+
+
+def row_side(t):
+    """An i-side value (B, n, 1, C) as (B, n, C); constants pass through."""
+    return t[:, :, 0] if isinstance(t, torch.Tensor) and t.dim() == 4 else t
+
+
+def column_side(t):
+    """A j-side value (B, 1, m, C) as (B, m, C); constants pass through."""
+    return t[:, 0] if isinstance(t, torch.Tensor) and t.dim() == 4 else t
+
+
+class Consumer:
+    """Folds tiles into state; see the module docstring."""
+
+    reduced_axis = "j"
+    expressions: list[sympy.Expr]
+    signature: tuple
+    dim: int  # channels of the widest output (sizes the tile budget)
+
+    def partial(self, values, mask):
+        raise NotImplementedError
+
+    def combine(self, state, partial, at):
+        raise NotImplementedError
+
+    def finalize(self, state, rows: int, batch: int) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def empty(self, batch: int, rows: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, ...]:
+        """The outputs when the kept axis (``rows``) or the reduced axis is empty."""
+        raise NotImplementedError
+
+
+class Reduction(Consumer):
+    """A consumer with differentiable outputs; see the module docstring."""
+
+    name: str
+    differentiable: tuple[bool, ...]  # one flag per output
+    single_pass = True  # False: ``run`` makes several passes (quantile)
+
+    def run(self, problem, backend, chunk_size) -> tuple[torch.Tensor, ...]:
+        """The outputs of a multi-pass reduction (single-pass ones share ``engine.stream``)."""
+        raise NotImplementedError
+
+    def vjp(self, collector, outs, grads) -> None:
+        raise NotImplementedError
+
+    def jvp(self, collector, outs):
+        """Schedules tangent work on ``collector``; returns results -> output tangents."""
+        raise NotImplementedError
+
+
+def select_channels(collector, expr, index: torch.Tensor, grad: torch.Tensor) -> None:
+    """Cotangents ``grad`` (B, N, K, C) on the values of ``expr`` at pairs (i, index[i, k, c]), channel c.
+
+    Each (k, c) is one selected pair whose cotangent lives on channel c only.
+    """
+    batch, n, k, channels = index.shape
+    one_hot = torch.eye(channels, dtype=grad.dtype, device=grad.device).repeat(k, 1)  # (K*C, C)
+    cot = grad.reshape(batch, n, k * channels, 1) * one_hot
+    collector.selected(expr, index.reshape(batch, n, k * channels), cot)
+
+
+def channels_at_selection(collector, expr, index: torch.Tensor):
+    """Schedules ``expr``'s tangent at pairs (i, index[i, k, c]), channel c; returns results -> (B, N, K, C)."""
+    batch, n, k, channels = index.shape
+    handle = collector.at_selection(collector.tangent(expr), index.reshape(batch, n, k * channels))
+
+    def pick(results):
+        values = results[handle].reshape(batch, n, k, channels, -1).expand(-1, -1, -1, -1, channels)
+        return values.diagonal(dim1=-2, dim2=-1)
+
+    return pick

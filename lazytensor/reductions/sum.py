@@ -1,0 +1,132 @@
+"""Sum: sum_j F (per row) or sum_i F (per column), as matrix products where F allows it."""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from .. import ir
+from .base import Reduction, column_side, masked, row_side
+
+_FLIP = {"i": "j", "j": "i", "p": "p"}
+
+
+class Sum(Reduction):
+    """sum over the reduced axis of F, written as sum of A * (S @ W) terms when F allows it.
+
+    Terms whose mixed part S is the same expression share one matrix product:
+    their W columns are stacked (a column of ones for a bare sum), so e.g. the
+    gradient terms x_i rowsum(c) - c @ y read the tile c once, not twice.
+
+    ``reduced_axis = "i"`` sums over rows for every column: a backward pass
+    needs sums over j (gradients of i-variables) and over i (gradients of
+    j-variables) of formulas sharing the kernel values, and one pass with both
+    kinds evaluates each tile once. Its state is the whole (B, M, D) result,
+    written per column block; padded rows are masked by the row mask.
+    ``dim`` widens a feature-size-1 formula (a gradient broadcast to a vector).
+    """
+
+    name = "sum"
+    differentiable = (True,)
+
+    def __init__(self, expr: sympy.Expr, info: dict, dim: int | None = None, reduced_axis: str = "j"):
+        self.expr, self.reduced_axis = expr, reduced_axis
+        self.dim = dim or ir.feature_dim(expr, info)
+        frame = info if reduced_axis == "j" else {s: ir.VarInfo(_FLIP[v.axis], v.dim) for s, v in info.items()}
+        self.terms = []  # (kind, index of the shared S or None) per term
+        self.expressions = []
+        shared: dict[sympy.Expr, int] = {}
+        for a, s, w in ir.sum_terms(expr, frame):
+            if s != 1 and ir.feature_dim(s, frame) > 1:  # a vector-valued mixed part: sum the tile
+                self.terms.append(("tile", None))
+                self.expressions.append(a * s * w)
+            else:
+                group = shared.setdefault(s, len(shared)) if s != 1 else None
+                self.terms.append((("s" if s != 1 else "") + ("w" if w != 1 else ""), group))
+                self.expressions.extend([a, s, w])
+        self.signature = ("sum", reduced_axis, self.dim, tuple(self.terms))
+
+    # -- the tile's sides: over j the rows are kept and columns summed; over i the reverse
+    @property
+    def _summed_dim(self) -> int:
+        return 2 if self.reduced_axis == "j" else 1
+
+    def _kept(self, t):
+        return row_side(t) if self.reduced_axis == "j" else column_side(t)
+
+    def _summed_side(self, w):
+        return w[:, 0] if self.reduced_axis == "j" else w[:, :, 0]
+
+    def _matrix(self, s):
+        return s[..., 0] if self.reduced_axis == "j" else s[..., 0].transpose(1, 2)
+
+    def _products(self, terms, mask) -> dict[int, list]:
+        """Each shared S times its stacked W columns, split back per term."""
+        stacks: dict[int, tuple] = {}  # group -> (S as a matrix, W column blocks)
+        for (kind, group), parts in terms:
+            if group is None:  # "tile" terms and terms without a mixed part
+                continue
+            _, s, w = parts
+            if group not in stacks:
+                stacks[group] = (self._matrix(masked(s, mask, 0.0)), [])
+            stacks[group][1].append(self._summed_side(masked(w, mask, 0.0)) if "w" in kind else None)  # padding may be inf
+        products = {}
+        for group, (matrix, columns) in stacks.items():
+            columns = [matrix.new_ones(1, matrix.shape[-1], 1) if c is None else c for c in columns]
+            batch = max([matrix.shape[0]] + [c.shape[0] for c in columns])
+            stacked = torch.cat([c.expand(batch, *c.shape[1:]) for c in columns], -1)
+            products[group] = list(torch.matmul(matrix, stacked).split([c.shape[-1] for c in columns], -1))
+        return products
+
+    def partial(self, values, mask):
+        values = list(values)
+        terms, at = [], 0
+        for kind, group in self.terms:
+            width = 1 if kind == "tile" else 3
+            terms.append(((kind, group), values[at : at + width]))
+            at += width
+        products = self._products(terms, mask)
+        total = 0.0
+        for (kind, group), parts in terms:
+            if kind == "tile":
+                total = total + masked(parts[0], mask, 0.0).sum(self._summed_dim)
+                continue
+            a, _, w = parts
+            if group is not None:
+                r = products[group].pop(0)
+            elif "w" in kind:
+                r = masked(w, mask, 0.0).sum(self._summed_dim)
+            else:
+                r = mask.sum(self._summed_dim) * w
+            total = total + self._kept(a) * r
+        return (total,)
+
+    def combine(self, state, partial, at):
+        if self.reduced_axis == "j":
+            return partial if state is None else (state[0] + partial[0],)
+        columns = state[0][:, at]  # ``at``: the column block's slice of a state spanning every column
+        columns += partial[0][:, : columns.shape[1]].expand_as(columns)  # (B, 1, D) when F is i-only
+        return state
+
+    def initial_state(self, batch: int, columns: int, dtype: torch.dtype, device) -> tuple:
+        return (torch.zeros(batch, columns, self.dim, dtype=dtype, device=device),)
+
+    def finalize(self, state, rows, batch):
+        if self.reduced_axis == "i":
+            return state
+        return (state[0].expand(batch, rows, self.dim).contiguous(),)
+
+    def empty(self, batch, rows, dtype, device):
+        return (torch.zeros(batch, rows, self.dim, dtype=dtype, device=device),)
+
+    # -- derivatives
+    def _cotangent(self, collector, grad):
+        g = collector.variable(grad, "i" if self.reduced_axis == "j" else "j")
+        width = ir.feature_dim(self.expr, collector.info)
+        return ir.feature_sum(g, self.dim) if width < self.dim else g  # a widened formula: its channels sum
+
+    def vjp(self, collector, outs, grads):
+        collector.cotangent(self.expr, self._cotangent(collector, grads[0]))
+
+    def jvp(self, collector, outs):
+        handle = collector.summed(collector.tangent(self.expr), self.reduced_axis, self.dim)
+        return lambda results: (results[handle],)
