@@ -21,6 +21,7 @@ demo: venv
 	$(PY) -m harness operators --case rbf-matmul --n 4096 --m 4096 --d 3 --channels 16 --backward --repeats 3 --warmup 1 --output results/demo-rbf-matmul.json
 
 test: venv
+	$(PY) -m ruff check .
 	$(PY) -m pytest
 
 clean:

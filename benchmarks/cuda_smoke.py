@@ -69,7 +69,8 @@ check("lse/min/kmin f64", lambda: max(
     rel(f.kmin(3, 1, backend="eager"), (torch.cdist(x, y) ** 2).topk(3, 1, largest=False).values)), 1e-9)
 x32, y32, b32 = (t.detach().float().requires_grad_() for t in (x, y, b))
 check("rbf_matmul compiled f32", lambda: grads_match(lambda: lt.rbf_matmul(x32, y32, b32, 0.5, backend="compiled"),
-                                                    lambda: lt.rbf_matmul(x32, y32, b32, 0.5, impl="dense"), [x32, y32, b32]), 1e-4)
+                                                    lambda: lt.rbf_matmul(x32, y32, b32, 0.5, impl="dense"),
+                                                    [x32, y32, b32]), 1e-4)
 
 
 def ridge():
@@ -84,8 +85,9 @@ check("KernelRidge streamed f64", ridge, 1e-7)
 
 
 def evaluator():
-    from torch import nn
     import torch.nn.functional as F
+    from torch import nn
+
     from polytope import NNCostEvaluator
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 2)).to(dev, torch.float64)
     base = torch.nn.utils.parameters_to_vector(model.parameters()).detach()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,7 @@ from rich.table import Table
 from torch import nn
 from torch.func import functional_call
 
+from . import cli
 from .method import (
     BenchmarkError,
     default_tolerance,
@@ -37,50 +39,69 @@ from .method import (
 )
 
 console = Console()
+# Flags that only one mode reads: flag -> (mode, default).
+MODE_FLAGS = {"candidates": ("attention", 16), "seq": ("attention", [6, 64, 128]), "seeds": ("prefix", [0])}
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("forward", help="candidate evaluation paths and forward backends", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    mode = parser.add_argument_group("mode (at least one)")
+    mode = parser.add_argument_group("mode (exactly one; --compile alone means --profile --compile)")
     mode.add_argument("--profile", action="store_true", help="time every evaluation path and list executed operators")
-    mode.add_argument("--compile", action="store_true", help="with --profile: compiled evaluators (cold time includes compilation)")
+    mode.add_argument("--compile", action="store_true",
+                      help="with --profile: compiled evaluators (cold time includes compilation)")
     mode.add_argument("--prefix", action="store_true", help="complete MLP optimizer steps with and without activation reuse")
     mode.add_argument("--attention", action="store_true", help="explicit vs native scaled-dot-product attention kernels")
-    parser.add_argument("--repeats", type=int, default=7, help="timed repetitions per variant")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed calls per variant before timing (the first is reported as cold)")
-    parser.add_argument("--batch", type=int, default=32, help="inputs per forward (the attention table uses 16)")
-    parser.add_argument("--candidates", type=int, default=16, help="candidates for --attention")
-    parser.add_argument("--seq", type=int, nargs="+", default=[6, 64, 128], help="sequence lengths for --attention")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds for --prefix (median over all)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--repeats", type=cli.positive_int, default=7, help="timed repetitions per variant")
+    parser.add_argument("--warmup", type=cli.positive_int, default=2,
+                        help="untimed calls per variant before timing (the first is reported as cold)")
+    parser.add_argument("--batch", type=cli.positive_int, default=32, help="inputs per forward (the attention table uses 16)")
+    parser.add_argument("--candidates", type=cli.positive_int, default=MODE_FLAGS["candidates"][1],
+                        help="candidates for --attention")
+    parser.add_argument("--seq", type=cli.positive_int, nargs="+", default=MODE_FLAGS["seq"][1],
+                        help="sequence lengths for --attention")
+    parser.add_argument("--seeds", type=cli.nonneg_int, nargs="+", default=MODE_FLAGS["seeds"][1],
+                        help="seeds for --prefix (median over all)")
+    parser.add_argument("--threads", type=cli.positive_int, default=1, help="torch CPU threads")
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--output", default=None, help="JSON path (default results/forward-<mode>.json)")
+    parser.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:INDEX")
+    parser.add_argument("--output", type=cli.output_path, default=None, help="JSON path (default results/forward-<mode>.json)")
     parser.set_defaults(func=run)
 
 
+def _mode(args) -> str:
+    """The one mode the flags ask for; flags of another mode are a usage error, not silently ignored."""
+    modes = [m for m in ("prefix", "attention") if getattr(args, m)]
+    modes += ["profile"] if args.profile or args.compile else []
+    if len(modes) != 1:
+        raise cli.UsageError("--profile/--prefix/--attention",
+                             "choose exactly one of --profile (optionally with --compile), --prefix, --attention"
+                             + (f"; got {', '.join('--' + m for m in modes)}" if modes else ""))
+    mode = "compile" if args.compile else modes[0]
+    for flag, (owner, default) in MODE_FLAGS.items():
+        if getattr(args, flag) != default and mode != owner:
+            raise cli.UsageError(f"--{flag}", f"applies to --{owner} only, not --{mode}")
+    return mode
+
+
 def run(args) -> int:
-    if not (args.profile or args.prefix or args.attention or args.compile):
-        raise SystemExit("python -m harness forward: choose --profile, --prefix, --attention or --compile")
-    if args.repeats < 1 or args.warmup < 1:
-        raise SystemExit("--repeats and --warmup must be at least 1")
+    mode = _mode(args)
+    output = cli.output_or_default(args.output, f"results/forward-{mode}.json")
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     device = torch.device(args.device)
     try:
-        if args.prefix:
-            mode, record = "prefix", prefix_benchmark(args, dtype, device)
-        elif args.attention:
-            mode, record = "attention", attention_benchmark(args, dtype, device)
+        if mode == "prefix":
+            record = prefix_benchmark(args, dtype, device)
+        elif mode == "attention":
+            record = attention_benchmark(args, dtype, device)
         else:
-            mode = "compile" if args.compile else "profile"
             record = paths_benchmark(args, dtype, device, compiled=args.compile)
     except BenchmarkError as exc:
         console.print(f"[red]benchmark failed:[/red] {exc}")
         return 1
     record.update(mode=mode, config=vars(args) | {"func": None})
-    write_json(args.output or f"results/forward-{mode}.json", record)
+    write_json(output, record)
     return 0
 
 
@@ -148,11 +169,13 @@ def path_cases(dtype, device, batch: int) -> list[tuple]:
     def particles(size=64, count=128, blocks=4):
         """Orthoplex-like dense probes inside a few 64-coordinate particles of the middle layer."""
         start = layout.by_name["2.weight"].start
-        return CandidateBatch(base, [CandidateGroup(torch.arange(start + b * 1000, start + b * 1000 + size, device=device), noise(count, size))
+        return CandidateBatch(base, [CandidateGroup(torch.arange(start + b * 1000, start + b * 1000 + size, device=device),
+                                                    noise(count, size))
                                      for b in range(blocks)])
 
     def subspace_batch(subspace):
-        return CandidateBatch(base, [CandidateGroup(torch.arange(b.offset, b.offset + b.dim, device=device), noise(2 * min(b.dim, 8), b.dim))
+        return CandidateBatch(base, [CandidateGroup(torch.arange(b.offset, b.offset + b.dim, device=device),
+                                                    noise(2 * min(b.dim, 8), b.dim))
                                      for b in subspace.blocks], subspace)
 
     hybrid = HybridSubspace.from_layout(net, rank=8, max_subspace_dim=512)
@@ -185,14 +208,16 @@ def paths_benchmark(args, dtype, device, compiled: bool) -> dict:
     from polytope.evaluators import NNCostEvaluator
 
     rows = {}
-    table = Table(title=f"candidate evaluation paths ({'compiled' if compiled else 'eager'}, {args.dtype}, {device}, {torch.get_num_threads()} thread(s))")
+    table = Table(title=f"candidate evaluation paths ({'compiled' if compiled else 'eager'}, {args.dtype}, {device}, "
+                        f"{torch.get_num_threads()} thread(s))")
     for column in ("path", "candidates", "parity", "cold ms", "median ms", "IQR ms", "us/candidate", "top operator"):
         table.add_column(column)
     for name, options, model, loss, x, y, make in path_cases(dtype, device, args.batch):
         candidates = make()
         options = dict(options, compile_evaluator=compiled, compile_forward=compiled)
         evaluator = NNCostEvaluator(model, loss, **options)
-        call = (lambda: evaluator.evaluate_batch(candidates, x, y)) if isinstance(candidates, CandidateBatch) else (lambda: evaluator.evaluate(candidates, x, y))
+        evaluate = evaluator.evaluate_batch if isinstance(candidates, CandidateBatch) else evaluator.evaluate
+        call = functools.partial(evaluate, candidates, x, y)
         cold, got = timed(call, device)
         if evaluator.last_path != name:
             raise BenchmarkError(f"expected the {name} path, the evaluator ran {evaluator.last_path}")
@@ -247,7 +272,8 @@ def prefix_benchmark(args, dtype, device) -> dict:
     from polytope.evaluators import NNCostEvaluator
     from polytope.subspaces import HybridSubspace
 
-    records, table = {}, Table(title=f"MLP optimizer steps, batch {args.batch}, {args.dtype}, {torch.get_num_threads()} thread(s) (ms per step)")
+    records, table = {}, Table(title=f"MLP optimizer steps, batch {args.batch}, {args.dtype}, "
+                                     f"{torch.get_num_threads()} thread(s) (ms per step)")
     for column in ("model", "candidates/step", "without reuse", "with reuse", "speed-up", "seed CPU figure"):
         table.add_column(column)
     for label, hidden, coordinates in PREFIX_ROWS:
@@ -259,17 +285,19 @@ def prefix_benchmark(args, dtype, device) -> dict:
             template = mlp(16, hidden, 4).to(device, dtype)
             x = torch.randn(args.batch, 16, generator=gen).to(device, dtype)
             y = torch.randn(args.batch, 4, generator=gen).to(device, dtype)
-            subspace = HybridSubspace.from_layout(template, rank=8, max_subspace_dim=coordinates, seed=seed) if coordinates else None
+            subspace = (HybridSubspace.from_layout(template, rank=8, max_subspace_dim=coordinates, seed=seed)
+                        if coordinates else None)
             steppers, counts = {}, {}
             for variant, reuse in (("without reuse", False), ("with reuse", True)):
                 model = copy.deepcopy(template)
-                optimizer = PolytopeOptimizer(model.parameters(), polytope="orthoplex", radii=(0.02,), blocks="tensor", block_dim=8,
-                                              subspace=subspace, seed=seed)
+                optimizer = PolytopeOptimizer(model.parameters(), polytope="orthoplex", radii=(0.02,), blocks="tensor",
+                                              block_dim=8, subspace=subspace, seed=seed)
                 recorder = Recorder(NNCostEvaluator(model, F.mse_loss, reuse=reuse))
                 optimizer.register_evaluator(recorder, x, y)
                 optimizer.step()  # parity: every batch of this step against naive forwards
                 for batch, losses in zip(recorder.batches, recorder.losses):
-                    check_parity(f"{label} {variant}", losses, naive_losses(template, F.mse_loss, batch.materialize(), x, y), dtype)
+                    expected = naive_losses(template, F.mse_loss, batch.materialize(), x, y)
+                    check_parity(f"{label} {variant}", losses, expected, dtype)
                 counts[variant] = sum(b.count for b in recorder.batches)
                 recorder.batches, recorder.losses = [], []
                 steppers[variant] = optimizer.step
@@ -280,7 +308,8 @@ def prefix_benchmark(args, dtype, device) -> dict:
         summary = {v: sorted(s)[len(s) // 2] for v, s in medians.items()}
         records[label] = {"per_seed": per_seed, "median_s": summary}
         speedup = summary["without reuse"] / summary["with reuse"]
-        table.add_row(label, str(per_seed[0]["candidates_per_step"]["with reuse"]), ms(summary["without reuse"]), ms(summary["with reuse"]),
+        table.add_row(label, str(per_seed[0]["candidates_per_step"]["with reuse"]), ms(summary["without reuse"]),
+                      ms(summary["with reuse"]),
                       f"{speedup:.2f}x", f"{SEED_CPU_MS[label]:.2f}")
     console.print(table)
     return {"rows": records, "seed_cpu_ms": SEED_CPU_MS}
@@ -294,14 +323,16 @@ def explicit_attention(q, k, v):
 
 def attention_benchmark(args, dtype, device) -> dict:
     """Candidate-batched attention (C x B, heads 4, head dim 16): explicit matmuls vs native SDPA."""
-    rows, table = {}, Table(title=f"attention kernels: {args.candidates} candidates, batch {args.batch}, {args.dtype}, {device} (ms)")
+    rows, table = {}, Table(title=f"attention kernels: {args.candidates} candidates, batch {args.batch}, {args.dtype}, "
+                                  f"{device} (ms)")
     for column in ("sequence", "explicit", "native SDPA", "ratio", "parity"):
         table.add_column(column)
     gen = torch.Generator().manual_seed(0)
     for length in args.seq:
         shape = (args.candidates * args.batch, 4, length, 16)
         q, k, v = (torch.randn(*shape, generator=gen).to(device, dtype) for _ in range(3))
-        variants = {"explicit": lambda: explicit_attention(q, k, v), "native": lambda: F.scaled_dot_product_attention(q, k, v)}
+        variants = {"explicit": functools.partial(explicit_attention, q, k, v),
+                    "native": functools.partial(F.scaled_dot_product_attention, q, k, v)}
         error = check_parity(f"attention L={length}", variants["native"](), variants["explicit"](), dtype)
         results = run_variants(variants, repeats=args.repeats, warmup=args.warmup, device=device)
         for name, res in results.items():

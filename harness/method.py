@@ -15,11 +15,21 @@ import resource
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 
 class BenchmarkError(RuntimeError):
@@ -145,6 +155,12 @@ class VariantResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def progress() -> Progress:
+    """The harness's progress bar: on stderr (stdout keeps tables and Markdown), gone when done."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+
+
 def run_variants(
     variants: dict[str, Callable[[], Any]],
     *,
@@ -152,28 +168,62 @@ def run_variants(
     warmup: int,
     device: str | torch.device = "cpu",
     seed: int = 0,
+    results: dict[str, VariantResult] | None = None,
 ) -> dict[str, VariantResult]:
     """Time already-validated variants: first call apart, then shuffled rounds.
 
     Each round runs every variant once in a fresh random order, so drift on a
-    shared machine spreads over all variants instead of biasing one.
+    shared machine spreads over all variants instead of biasing one. ``results``
+    (name -> VariantResult, entries created where missing) is filled in place and
+    summarized even when Ctrl-C stops the rounds, so a caller that holds it keeps
+    every sample measured before the interrupt.
     """
-    results = {name: VariantResult(name) for name in variants}
-    for name, fn in variants.items():
-        results[name].first_call_s, _ = timed(fn, device)
-        for _ in range(max(warmup - 1, 0)):
-            timed(fn, device)
+    results = {} if results is None else results
+    for name in variants:
+        results.setdefault(name, VariantResult(name))
     rng = random.Random(seed)
     order = list(variants)
-    for _ in range(repeats):
-        rng.shuffle(order)
-        for name in order:
-            gc.collect()
-            seconds, _ = timed(variants[name], device)
-            results[name].samples_s.append(seconds)
-    for res in results.values():
-        res.summary = summarize(res.samples_s)
+    calls = len(variants) * (max(warmup, 1) + repeats)
+    try:
+        with progress() as bar:
+            task = bar.add_task("", total=calls)
+            for name, fn in variants.items():
+                bar.update(task, description=f"{name}: first call and warm-up")
+                results[name].first_call_s, _ = timed(fn, device)
+                bar.advance(task)
+                for _ in range(max(warmup - 1, 0)):
+                    timed(fn, device)
+                    bar.advance(task)
+            for round_ in range(1, repeats + 1):
+                rng.shuffle(order)
+                for name in order:
+                    bar.update(task, description=f"round {round_}/{repeats}: {name}")
+                    gc.collect()
+                    seconds, _ = timed(variants[name], device)
+                    results[name].samples_s.append(seconds)
+                    bar.advance(task)
+    finally:
+        for name in variants:
+            results[name].summary = summarize(results[name].samples_s)
     return results
+
+
+@contextmanager
+def kept_on_interrupt(record: dict[str, Any], path: str | os.PathLike | None,
+                      save: Callable[[], Any] | None = None) -> Iterator[None]:
+    """Ctrl-C inside the block: mark ``record`` interrupted, save it (default: JSON at ``path``), re-raise.
+
+    Commands build their record as they measure, so what a long run had
+    finished is written instead of lost; ``python -m harness`` exits 130.
+    """
+    try:
+        yield
+    except KeyboardInterrupt:
+        record["interrupted"] = True
+        (save or (lambda: write_json(path, record)))()
+        where = f"kept the measurements finished so far in {path}" if path else "nothing written (no --output)"
+        Console(stderr=True).print(f"Ctrl-C: {where}", highlight=False)
+        raise
 
 
 def write_json(path: str | os.PathLike | None, record: dict[str, Any]) -> None:

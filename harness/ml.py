@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import method
+from . import cli, method
 
 CASES = ("ridge", "landmark", "pca", "lda", "svd")
 REFERENCE_MAX_BYTES = 4 << 30  # largest dense kernel the float64 reference may build
@@ -31,39 +31,54 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("ml", help="kernel ridge / landmark / PCA / LDA / SVD fits", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", choices=CASES, required=True)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:INDEX")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
-    p.add_argument("--n", type=int, default=2048, help="training points (rows of the kernel)")
-    p.add_argument("--m", type=int, default=None,
-                   help="landmarks (landmark, default 256) or columns (svd, default n / 2)")
-    p.add_argument("--d", type=int, default=8, help="feature width")
-    p.add_argument("--queries", type=int, default=128, help="held-out points predicted / transformed")
-    p.add_argument("--targets", type=int, default=2, help="right-hand sides (ridge, landmark)")
-    p.add_argument("--gamma", type=float, default=None, help="RBF gamma (default 1 / d)")
-    p.add_argument("--regularization", type=float, default=0.5, help="ridge alpha / LDA regularization")
-    p.add_argument("--classes", type=int, default=4, help="LDA classes")
-    p.add_argument("--components", type=int, default=2, help="PCA / SVD / LDA components")
-    p.add_argument("--search-width", type=int, default=10)
-    p.add_argument("--rank", type=int, default=256, help="Nystrom preconditioner rank (ridge, LDA)")
+    p.add_argument("--n", type=cli.int_at_least(2), default=2048, help="training points (rows of the kernel)")
+    p.add_argument("--m", type=cli.positive_int, default=None,
+                   help="landmarks (landmark, default min(256, n)) or columns (svd, default n / 2)")
+    p.add_argument("--d", type=cli.positive_int, default=8, help="feature width")
+    p.add_argument("--queries", type=cli.positive_int, default=128, help="held-out points predicted / transformed")
+    p.add_argument("--targets", type=cli.positive_int, default=2, help="right-hand sides (ridge, landmark)")
+    p.add_argument("--gamma", type=cli.positive_float, default=None, help="RBF gamma (default 1 / d)")
+    p.add_argument("--regularization", type=cli.positive_float, default=0.5, help="ridge alpha / LDA regularization")
+    p.add_argument("--classes", type=cli.int_at_least(2), default=4, help="LDA classes")
+    p.add_argument("--components", type=cli.positive_int, default=2, help="PCA / SVD / LDA components")
+    p.add_argument("--search-width", type=cli.nonneg_int, default=10)
+    p.add_argument("--rank", type=cli.positive_int, default=256, help="Nystrom preconditioner rank (ridge, LDA)")
     p.add_argument("--preconditioner", choices=("nystrom", "jacobi", "none"), default="nystrom",
                    help="ridge / LDA preconditioner")
-    p.add_argument("--rtol", type=float, default=1e-7)
-    p.add_argument("--atol", type=float, default=1e-9)
-    p.add_argument("--chunk-size", type=int, default=None, help="rows per streamed tile (default: 8 MiB budget)")
+    p.add_argument("--rtol", type=cli.positive_float, default=1e-7)
+    p.add_argument("--atol", type=cli.nonneg_float, default=1e-9)
+    p.add_argument("--chunk-size", type=cli.positive_int, default=None, help="rows per streamed tile (default: 8 MiB budget)")
     p.add_argument("--tile-dtype", choices=("float32",), default=None, help="streamed tiles in float32")
     p.add_argument("--backward", action="store_true", help="ridge/landmark: also differentiate the predictions")
     p.add_argument("--dense-direct", action="store_true", help="also time the direct dense algorithm")
-    p.add_argument("--variants", default="dense-iterative,streamed",
-                   help="comma-separated iterative variants to time (dense-iterative, streamed)")
-    p.add_argument("--check-tol", type=float, default=None,
+    p.add_argument("--variants", type=cli.comma_list(tuple(SOURCES)), default=["dense-iterative", "streamed"],
+                   help="comma-separated variants to time (dense-iterative, streamed, dense-direct)")
+    p.add_argument("--check-tol", type=cli.positive_float, default=None,
                    help="relative error allowed against the direct reference (default 1e3 * rtol, at least 1e-6)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=cli.positive_int, default=5, help="timed rounds")
+    p.add_argument("--warmup", type=cli.nonneg_int, default=1, help="untimed calls, the first call included")
+    p.add_argument("--threads", type=cli.positive_int, default=1, help="torch CPU threads")
     p.add_argument("--no-memory", action="store_true", help="skip the per-variant memory measurement")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", default=None, help="JSON file for the record")
+    p.add_argument("--seed", type=cli.nonneg_int, default=0)
+    p.add_argument("--output", type=cli.output_path, default=None, help="JSON file for the record")
     p.set_defaults(func=run)
+
+
+def _check(cfg: dict[str, Any]) -> None:
+    """Flags that only make sense together, named before anything is computed."""
+    case, n = cfg["case"], cfg["n"]
+    if cfg["backward"] and case not in ("ridge", "landmark"):
+        raise cli.UsageError("--backward", f"only ridge and landmark fits are differentiated, not {case}")
+    if case == "landmark" and cfg["m"] > n:
+        raise cli.UsageError("--m", f"at most --n ({n}) landmarks, got {cfg['m']}")
+    limit = {"pca": n, "lda": cfg["classes"] - 1, "svd": min(n, cfg["m"] or n)}.get(case)
+    if limit is not None and cfg["components"] > limit:
+        why = {"pca": "--n", "lda": "--classes - 1", "svd": "min(--n, --m)"}[case]
+        raise cli.UsageError("--components", f"at most {why} = {limit} for {case}, got {cfg['components']}")
+    if case == "lda" and cfg["classes"] > n:
+        raise cli.UsageError("--classes", f"at most --n ({n}) classes, got {cfg['classes']}")
 
 
 # ----------------------------------------------------------------- workloads
@@ -75,7 +90,10 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     cfg["gamma"] = cfg["gamma"] if cfg["gamma"] is not None else 1.0 / cfg["d"]
     cfg["preconditioner"] = None if cfg["preconditioner"] == "none" else cfg["preconditioner"]
     if cfg["m"] is None:
-        cfg["m"] = {"landmark": 256, "svd": cfg["n"] // 2}.get(cfg["case"])
+        cfg["m"] = {"landmark": min(256, cfg["n"]), "svd": cfg["n"] // 2}.get(cfg["case"])
+    elif cfg["case"] not in ("landmark", "svd"):
+        raise cli.UsageError("--m", f"only landmark (landmarks) and svd (columns) take --m, not {cfg['case']}")
+    _check(cfg)
     return cfg
 
 
@@ -202,48 +220,43 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     console = Console(width=140)
-    torch.set_num_threads(args.threads)
     cfg = _config(args)
-    variants = [v for v in args.variants.split(",") if v] + (["dense-direct"] if args.dense_direct else [])
-    unknown = set(variants) - set(SOURCES)
-    if unknown or not variants:
-        console.print(f"[red]--variants must name some of {tuple(SOURCES)}, got {args.variants!r}[/red]")
-        return 2
+    torch.set_num_threads(args.threads)
+    variants = list(dict.fromkeys(args.variants + (["dense-direct"] if args.dense_direct else [])))
     tol = args.check_tol if args.check_tol is not None else max(1e-6, 1e3 * args.rtol)
     record: dict[str, Any] = {"command": "ml", "config": cfg, "variants": {}, "tolerance": tol,
                               "reference": "dense-direct in float64 on the same inputs"}
     try:
-        data = make_data(cfg)
-        ref_cfg = dict(cfg, dtype="float64", tile_dtype=None)
-        if _dense_bytes(cfg) <= REFERENCE_MAX_BYTES:
-            ref = make_workload(ref_cfg, "direct", make_data(ref_cfg))()
-        else:  # a dense reference would not fit: only the solvers' true-residual convergence is checked
-            ref = None
-            record["reference"] = "none: the dense reference would not fit in memory; convergence checked"
-        workloads, diagnostics = {}, {}
-        for name in variants:
-            workloads[name] = make_workload(cfg, SOURCES[name], data)
-            out = workloads[name]()
-            errors = validate(cfg["case"], out, ref) if ref is not None else {}
-            diagnostics[name] = {"validation": errors, "info": _info_summary(out["info"]),
-                                 "adjoint_info": _info_summary(out.get("adjoint_info"))}
-            if not out["info"].converged or (out.get("adjoint_info") and not out["adjoint_info"].converged):
-                raise method.BenchmarkError(f"{name}: solver did not converge ({out['info'].reason})")
-            bad = {k: v for k, v in errors.items() if not v <= tol}
-            if bad:
-                raise method.BenchmarkError(f"{name}: validation failed against the direct reference: {bad} > {tol}")
-            del out
-        gc.collect()
-        results = method.run_variants(workloads, repeats=args.repeats, warmup=args.warmup, device=args.device,
-                                      seed=args.seed)
-        for name, res in results.items():
-            res.validation = diagnostics[name]["validation"]
-            res.extra = {"info": diagnostics[name]["info"], "adjoint_info": diagnostics[name]["adjoint_info"],
-                         "algorithm": "direct" if name == "dense-direct" else "iterative"}
-            record["variants"][name] = res
-        if not args.no_memory:
-            for name, peak in zip(results, _memory(cfg, list(results), args)):
-                results[name].peak_extra_bytes = peak
+        with method.kept_on_interrupt(record, args.output):
+            data = make_data(cfg)
+            ref_cfg = dict(cfg, dtype="float64", tile_dtype=None)
+            if _dense_bytes(cfg) <= REFERENCE_MAX_BYTES:
+                ref = make_workload(ref_cfg, "direct", make_data(ref_cfg))()
+            else:  # a dense reference would not fit: only the solvers' true-residual convergence is checked
+                ref = None
+                record["reference"] = "none: the dense reference would not fit in memory; convergence checked"
+            workloads, results = {}, record["variants"]
+            for name in variants:
+                workloads[name] = make_workload(cfg, SOURCES[name], data)
+                out = workloads[name]()
+                errors = validate(cfg["case"], out, ref) if ref is not None else {}
+                res = results[name] = method.VariantResult(name, validation=errors, extra={
+                    "info": _info_summary(out["info"]), "adjoint_info": _info_summary(out.get("adjoint_info")),
+                    "algorithm": "direct" if name == "dense-direct" else "iterative"})
+                bad = {k: v for k, v in errors.items() if not v <= tol}
+                if not out["info"].converged or (out.get("adjoint_info") and not out["adjoint_info"].converged):
+                    res.error = f"solver did not converge ({out['info'].reason})"
+                elif bad:
+                    res.error = f"validation failed against the direct reference: {bad} > {tol}"
+                if res.error:
+                    raise method.BenchmarkError(f"{name}: {res.error}")
+                del out
+            gc.collect()
+            method.run_variants(workloads, repeats=args.repeats, warmup=args.warmup, device=args.device, seed=args.seed,
+                                results=results)
+            if not args.no_memory:
+                for name, peak in zip(results, _memory(cfg, list(results), args)):
+                    results[name].peak_extra_bytes = peak
     except method.BenchmarkError as exc:
         record["error"] = str(exc)
         method.write_json(args.output, record)

@@ -28,12 +28,11 @@ import math
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from rich.console import Console
 
 import lazytensor as lt
 
-from . import method, report
+from . import cli, method, report
 
 console = Console()
 CASES = ("distance-sum", "rbf-matmul", "distance-quantile", "kernel-regression", "attention")
@@ -47,22 +46,25 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("operators", help="named operators: eager, compiled, dense, streamed, event-stream",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", choices=CASES, default="rbf-matmul")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--n", type=int, default=4096, help="rows (queries)")
-    p.add_argument("--m", type=int, default=None, help="columns (keys); default --n")
-    p.add_argument("--d", type=int, default=3, help="features (head dim for attention)")
-    p.add_argument("--channels", type=int, default=16, help="value width; heads for attention")
-    p.add_argument("--batch", type=int, default=1, help="attention batch")
-    p.add_argument("--chunk-size", type=int, default=None, help="tile size for streamed variants (default: auto)")
+    p.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:INDEX")
+    p.add_argument("--n", type=cli.positive_int, default=4096, help="rows (queries)")
+    p.add_argument("--m", type=cli.positive_int, default=None, help="columns (keys); default --n")
+    p.add_argument("--d", type=cli.positive_int, default=3, help="features (head dim for attention)")
+    p.add_argument("--channels", type=cli.positive_int, default=16, help="value width; heads for attention")
+    p.add_argument("--batch", type=cli.positive_int, default=1, help="attention batch")
+    p.add_argument("--chunk-size", type=cli.positive_int, default=None,
+                   help="tile size for streamed variants (default: auto)")
     p.add_argument("--backward", action="store_true", help="also time and check first gradients")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS))
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--repeats", type=cli.positive_int, default=5, help="timed rounds")
+    p.add_argument("--warmup", type=cli.nonneg_int, default=1, help="untimed calls, the first call included")
+    p.add_argument("--variants", type=cli.comma_list(VARIANTS, required=("dense",)), default=list(VARIANTS),
+                   help="comma-separated subset of " + ", ".join(VARIANTS) + " (dense, the reference, included)")
+    p.add_argument("--threads", type=cli.positive_int, default=1, help="torch CPU threads")
     p.add_argument("--no-memory", action="store_true", help="skip the per-variant memory measurement")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", default=None, help="JSON path (default results/operators-<case>.json)")
+    p.add_argument("--seed", type=cli.nonneg_int, default=0)
+    p.add_argument("--output", type=cli.output_path, default=None,
+                   help="JSON path (default results/operators-<case>.json)")
     p.set_defaults(func=run)
 
 
@@ -182,48 +184,45 @@ def _validate(results, reference, tolerance):
 
 
 def run(args) -> int:
+    if args.batch != 1 and args.case != "attention":
+        raise cli.UsageError("--batch", f"only the attention case has a batch; got --batch {args.batch} with --case {args.case}")
+    output = cli.output_or_default(args.output, f"results/operators-{args.case}.json")
     torch.set_num_threads(args.threads)
-    m = args.m or args.n
-    names = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = sorted(set(names) - set(VARIANTS))
-    if unknown or "dense" not in names:
-        raise SystemExit(f"--variants: unknown {unknown}; known {VARIANTS}, and 'dense' (the reference) is required")
-    config = dict(case=args.case, n=args.n, m=m, d=args.d, channels=args.channels, batch=args.batch, dtype=args.dtype,
-                  device=args.device, seed=args.seed, chunk=args.chunk_size, backward=args.backward)
+    config = dict(case=args.case, n=args.n, m=args.m or args.n, d=args.d, channels=args.channels, batch=args.batch,
+                  dtype=args.dtype, device=args.device, seed=args.seed, chunk=args.chunk_size, backward=args.backward)
     tolerance = method.default_tolerance(getattr(torch, args.dtype))
-    calls, errors, validation = {}, {}, {}
-    reference = workload(name="dense", **config)()
-    for name in names:
-        try:
-            call = workload(name=name, **config)
-            if call is None:
-                errors[name] = "not applicable: no lazytensor.stream reduction expresses this case"
-                continue
-            validation[name] = _validate(call(), reference, tolerance)
-            calls[name] = call
-        except Exception as exc:  # noqa: BLE001 - any failure is recorded, never timed
-            errors[name] = f"{type(exc).__name__}: {exc}"
-    del reference
-    results = method.run_variants(calls, repeats=args.repeats, warmup=args.warmup, device=args.device, seed=args.seed)
-    for name, res in results.items():
-        res.validation = validation[name]
-    if not args.no_memory:
-        for name in calls:
-            try:
-                if torch.device(args.device).type == "cuda":
-                    results[name].peak_extra_bytes, _ = method.measure_cuda_peak(calls[name], args.device)
-                else:
-                    (results[name].peak_extra_bytes,) = method.peak_rss_growths_in_subprocess(
-                        "harness.operators:memory_workload", [dict(name=name, **config)], threads=args.threads)
-            except Exception as exc:  # noqa: BLE001
-                errors[name] = f"memory measurement failed: {type(exc).__name__}: {exc}"
-    for name, message in errors.items():
-        results[name] = method.VariantResult(name, error=message)
+    results: dict[str, method.VariantResult] = {}
     record = {"command": "operators", "config": config, "tolerance": tolerance, "variants": results,
               "repeats": args.repeats, "warmup": args.warmup}
-    output = args.output or f"results/operators-{args.case}.json"
+    calls = {}
+    with method.kept_on_interrupt(record, output):
+        reference = workload(name="dense", **config)()
+        for name in args.variants:
+            try:
+                call = workload(name=name, **config)
+                if call is None:
+                    results[name] = method.VariantResult(name, error="not applicable: no lazytensor.stream "
+                                                         "reduction expresses this case")
+                    continue
+                results[name] = method.VariantResult(name, validation=_validate(call(), reference, tolerance))
+                calls[name] = call
+            except Exception as exc:  # noqa: BLE001 - any failure is recorded, never timed
+                results[name] = method.VariantResult(name, error=f"{type(exc).__name__}: {exc}")
+        del reference
+        method.run_variants(calls, repeats=args.repeats, warmup=args.warmup, device=args.device, seed=args.seed,
+                            results=results)
+        if not args.no_memory:
+            for name in calls:
+                try:
+                    if torch.device(args.device).type == "cuda":
+                        results[name].peak_extra_bytes, _ = method.measure_cuda_peak(calls[name], args.device)
+                    else:
+                        (results[name].peak_extra_bytes,) = method.peak_rss_growths_in_subprocess(
+                            "harness.operators:memory_workload", [dict(name=name, **config)], threads=args.threads)
+                except Exception as exc:  # noqa: BLE001
+                    results[name].error = f"memory measurement failed: {type(exc).__name__}: {exc}"
     method.write_json(output, record)
     table, _ = report.table_for(json.loads(json.dumps(record, default=_encode)), f"operators {args.case} ({output})", "dense")
     console.print(table)
-    failed = [n for n, msg in errors.items() if not msg.startswith("not applicable")]
+    failed = [r for r in results.values() if r.error and not r.error.startswith("not applicable")]
     return 1 if failed else 0

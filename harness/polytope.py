@@ -11,6 +11,7 @@ Each method picks its setting from the same-sized grid on a separate seed.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .method import BenchmarkError, summarize, write_json
+from . import cli
+from .method import BenchmarkError, kept_on_interrupt, progress, summarize, write_json
 
 TASKS = ("rosenbrock", "quadratic", "teacher-mlp", "moons-mlp", "digits-mlp")
 OPTIMIZERS = ("polytope", "random-search", "spsa", "sep-cma", "polystep", "adam")
@@ -105,8 +107,10 @@ def teacher_task(seed: int) -> Task:
     """Student 8-16-1 tanh fits a random teacher of the same shape on 512 Gaussian inputs."""
     gen = torch.Generator().manual_seed(10_000 + seed)
     inputs = torch.randn(512, 8, generator=gen, dtype=torch.float64)
-    teacher = [torch.randn(16, 8, generator=gen, dtype=torch.float64) / math.sqrt(8), torch.randn(16, generator=gen, dtype=torch.float64) * 0.1,
-               torch.randn(1, 16, generator=gen, dtype=torch.float64) / math.sqrt(16), torch.randn(1, generator=gen, dtype=torch.float64) * 0.1]
+    teacher = [torch.randn(16, 8, generator=gen, dtype=torch.float64) / math.sqrt(8),
+               torch.randn(16, generator=gen, dtype=torch.float64) * 0.1,
+               torch.randn(1, 16, generator=gen, dtype=torch.float64) / math.sqrt(16),
+               torch.randn(1, generator=gen, dtype=torch.float64) * 0.1]
     hidden = torch.tanh(inputs @ teacher[0].T + teacher[1])
     outputs = (hidden @ teacher[2].T + teacher[3]).squeeze(-1)
     return mlp_task("teacher-mlp", [8, 16, 1], inputs, outputs, "mse", seed)
@@ -202,7 +206,7 @@ def run_random_search(task: Task, meter: Meter, seed: int, config: dict) -> None
         i = int(losses.argmin())
         if float(losses[i]) < best_f:
             best_x, best_f = samples[i].clone(), float(losses[i])
-        meter.observe(lambda: best_x)
+        meter.observe(lambda: best_x)  # noqa: B023 - observe() calls it at once
 
 
 def run_spsa(task: Task, meter: Meter, seed: int, config: dict) -> None:
@@ -216,7 +220,7 @@ def run_spsa(task: Task, meter: Meter, seed: int, config: dict) -> None:
         if not (torch.isfinite(plus) and torch.isfinite(minus)):
             raise BenchmarkError("SPSA diverged")
         x = x - lr * float(plus - minus) / (2 * eps) * z
-        meter.observe(lambda: x)
+        meter.observe(lambda: x)  # noqa: B023 - observe() calls it at once
 
 
 def run_sep_cma(task: Task, meter: Meter, seed: int, config: dict) -> None:
@@ -227,18 +231,18 @@ def run_sep_cma(task: Task, meter: Meter, seed: int, config: dict) -> None:
     options = {"CMA_diagonal": True, "seed": seed + 1, "verbose": -9, "maxfevals": meter.budget, "tolfun": 0, "tolx": 0,
                "tolfunhist": 0, "tolstagnation": 10**9}
     es = cma.CMAEvolutionStrategy(task.x0.numpy(), config["sigma0"], options)
+
+    def recommended():  # of the current strategy (restarts replace es)
+        mean = torch.tensor(es.result.xfavorite, dtype=task.x0.dtype)
+        best = torch.tensor(es.result.xbest, dtype=task.x0.dtype)
+        return best if es.result.fbest < float(task.objective(mean[None])[0]) else mean
+
     while True:
         if es.stop():
             es = cma.CMAEvolutionStrategy(es.result.xfavorite, config["sigma0"], options)  # restart from the mean
         points = es.ask()
         losses = meter(torch.as_tensor(np.asarray(points), dtype=task.x0.dtype))
         es.tell(points, losses.tolist())
-
-        def recommended():
-            mean = torch.tensor(es.result.xfavorite, dtype=task.x0.dtype)
-            best = torch.tensor(es.result.xbest, dtype=task.x0.dtype)
-            return best if es.result.fbest < float(task.objective(mean[None])[0]) else mean
-
         meter.observe(recommended)
 
 
@@ -314,22 +318,31 @@ def run_one(task_name: str, method: str, seed: int, config: dict, budget: int, w
 
 
 def compare(task_name: str, methods: list[str], seeds: list[int], budget: int, wall: float | None, tune_seed: int | None,
-            log: Callable[[str], None]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+            log: Callable[[str], None], out: dict[str, Any] | None = None,
+            started: Callable[[str], None] = lambda label: None) -> dict[str, Any]:
+    """Tune and run each method; ``out`` is filled as runs finish (Ctrl-C keeps them), ``started`` hears of each run."""
+    out = {} if out is None else out
     for method in methods:
         grid = GRIDS[method]
         tuning = []
         if tune_seed is not None and len(grid) > 1:
-            tuning = [run_one(task_name, method, tune_seed, cfg, budget, wall) for cfg in grid]
+            for k, cfg in enumerate(grid):
+                started(f"{task_name} {method}: tuning {k + 1}/{len(grid)}")
+                tuning.append(run_one(task_name, method, tune_seed, cfg, budget, wall))
             for rec in tuning:
                 rec.pop("curve")
             chosen = min(tuning, key=lambda r: r["final"] if math.isfinite(r["final"]) else math.inf)["config"]
         else:
             chosen = grid[0]
-        runs = [run_one(task_name, method, seed, chosen, budget, wall) for seed in seeds]
-        finals = [r["final"] for r in runs]
-        out[method] = {"chosen": chosen, "tuning": tuning, "runs": runs, "summary": summarize(finals),
-                       "seconds": summarize([r["seconds"] for r in runs])}
+        runs: list[dict[str, Any]] = []
+        out[method] = {"chosen": chosen, "tuning": tuning, "runs": runs}
+        try:
+            for seed in seeds:
+                started(f"{task_name} {method}: seed {seed}")
+                runs.append(run_one(task_name, method, seed, chosen, budget, wall))
+        finally:
+            out[method].update(summary=summarize([r["final"] for r in runs]),
+                               seconds=summarize([r["seconds"] for r in runs]))
         log(f"{task_name:12s} {method:14s} median {out[method]['summary']['median']:.4g}  config {chosen}")
     return out
 
@@ -367,15 +380,33 @@ def plot(record: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
+def _check(args: argparse.Namespace) -> None:
+    """Flags that do not go together, named before any run starts."""
+    if args.plot is not None and args.output is None:
+        raise cli.UsageError("--plot", "needs --output (the plot is drawn beside the JSON record)")
+    if args.merge:
+        given = [flag for flag, value in (("--task", args.task), ("--budget", args.budget)) if value]
+        if given:
+            raise cli.UsageError("--merge", f"combines saved records and runs nothing; drop {' and '.join(given)}")
+        return
+    if not args.task:
+        raise cli.UsageError("--task", "required (one or more of " + ", ".join(TASKS) + "), or --merge FILES")
+    if args.budget is None:
+        raise cli.UsageError("--budget", "required: candidate evaluations per run (an integer >= 1)")
+    if len(set(args.seeds)) != len(args.seeds):
+        raise cli.UsageError("--seeds", f"each seed once, got {' '.join(map(str, args.seeds))}")
+    if not args.no_tune and args.tune_seed in args.seeds:
+        raise cli.UsageError("--tune-seed", f"{args.tune_seed} is also in --seeds; tuning must use a seed kept apart")
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    _check(args)
     torch.set_num_threads(args.threads)
     console = Console()
     if args.merge:
         return merge(args, console)
-    if not args.task or args.budget is None or args.budget < 1:
-        raise SystemExit("python -m harness polytope needs --task and a positive --budget (or --merge FILES)")
     methods = []
     for method in args.optimizers:
         package = OPTIONAL_PACKAGES.get(method)
@@ -383,26 +414,37 @@ def run(args: argparse.Namespace) -> int:
             try:
                 __import__(package)
             except ImportError:
-                console.print(f"[yellow]skipping {method}: the optional package {package!r} is not installed (pip install tp[compare])")
+                console.print(f"[yellow]skipping {method}: the optional package {package!r} is not installed "
+                              "(pip install tp[compare])")
                 continue
         methods.append(method)
+    if not methods:
+        raise cli.UsageError("--optimizers", "none of these can run here (their optional packages are missing)")
+    tune_seed = None if args.no_tune else args.tune_seed
     record: dict[str, Any] = {"command": "polytope", "budget": args.budget, "wall": args.wall, "seeds": args.seeds,
-                              "tune_seed": None if args.no_tune else args.tune_seed, "threads": args.threads,
+                              "tune_seed": tune_seed, "threads": args.threads,
                               "grids": {m: GRIDS[m] for m in methods}, "tasks": {}}
-    for task_name in args.task:
-        record["tasks"][task_name] = compare(task_name, methods, args.seeds, args.budget, args.wall,
-                                             None if args.no_tune else args.tune_seed, console.print)
+    per_method = {m: len(args.seeds) + (len(GRIDS[m]) if tune_seed is not None and len(GRIDS[m]) > 1 else 0) for m in methods}
+    with kept_on_interrupt(record, args.output, lambda: report(record, args, console)), progress() as bar:
+        task = bar.add_task("", total=len(args.task) * sum(per_method.values()))
+        runs_started = itertools.count()
+
+        def started(label: str) -> None:  # the runs started before this one have finished
+            bar.update(task, description=label, completed=next(runs_started))
+
+        for task_name in args.task:
+            compare(task_name, methods, args.seeds, args.budget, args.wall, tune_seed, console.print,
+                    out=record["tasks"].setdefault(task_name, {}), started=started)
     report(record, args, console)
     return 0
 
 
 def merge(args: argparse.Namespace, console) -> int:
     """Combine records of separate runs (e.g. one per task and method, run in parallel) into one."""
-    import json
-
     record: dict[str, Any] = {}
-    for path in args.merge:
-        part = json.loads(open(path).read())
+    for path, part in args.merge:
+        if part.get("command") != "polytope" or not all(isinstance(part.get(k), dict) for k in ("tasks", "grids")):
+            raise cli.UsageError("--merge", f"{path!r} is not a record written by python -m harness polytope")
         if not record:
             record = {k: v for k, v in part.items() if k not in ("environment", "checksums", "created_unix")}
             record["tasks"], record["grids"], record["budget"] = {}, {}, {}
@@ -424,7 +466,8 @@ def report(record: dict[str, Any], args: argparse.Namespace, console) -> None:
     for task_name, methods_out in record["tasks"].items():
         for method, data in methods_out.items():
             s = data["summary"]
-            table.add_row(task_name, method, f"{s['median']:.3g}", f"{s['iqr']:.2g}", f"{data['seconds']['median']:.2f}", str(data["chosen"]))
+            table.add_row(task_name, method, f"{s['median']:.3g}", f"{s['iqr']:.2g}", f"{data['seconds']['median']:.2f}",
+                          str(data["chosen"]))
     console.print(table)
     write_json(args.output, record)
     if args.output is not None:
@@ -432,24 +475,27 @@ def report(record: dict[str, Any], args: argparse.Namespace, console) -> None:
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("polytope", help="equal-budget comparison of derivative-free optimizers")
+    parser = subparsers.add_parser("polytope", help="equal-budget comparison of derivative-free optimizers",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", nargs="+", choices=TASKS, default=[])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
-    parser.add_argument("--budget", type=int, default=None, help="candidate evaluations per run")
-    parser.add_argument("--wall", type=float, default=None, help="seconds per run (a second budget, whichever ends first)")
+    parser.add_argument("--seeds", nargs="+", type=cli.nonneg_int, default=[0, 1, 2, 3, 4])
+    parser.add_argument("--budget", type=cli.positive_int, default=None, help="candidate evaluations per run")
+    parser.add_argument("--wall", type=cli.positive_float, default=None,
+                        help="seconds per run (a second budget, whichever ends first)")
     parser.add_argument("--optimizers", nargs="+", choices=OPTIMIZERS, default=list(OPTIMIZERS))
-    parser.add_argument("--tune-seed", type=int, default=100, help="seed of the tuning runs (kept apart from --seeds)")
+    parser.add_argument("--tune-seed", type=cli.nonneg_int, default=100,
+                        help="seed of the tuning runs (kept apart from --seeds)")
     parser.add_argument("--no-tune", action="store_true", help="use each grid's first setting")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--output", default=None, help="JSON record; a PNG plot is written beside it")
-    parser.add_argument("--plot", default=None, help="PNG path (default: the output path with .png)")
-    parser.add_argument("--merge", nargs="+", default=None, help="combine these JSON records instead of running")
+    parser.add_argument("--threads", type=cli.positive_int, default=1)
+    parser.add_argument("--output", type=cli.output_path, default=None, help="JSON record; a PNG plot is written beside it")
+    parser.add_argument("--plot", type=cli.output_path, default=None, help="PNG path (default: the output path with .png)")
+    parser.add_argument("--merge", nargs="+", type=cli.json_record, default=None, metavar="FILE",
+                        help="combine these JSON records instead of running")
     parser.set_defaults(func=run)
 
 
 def main_args_run(argv: list[str]) -> int:
-    """Parse ``argv`` as ``python -m harness`` would, for this command only (used by tests)."""
-    parser = argparse.ArgumentParser(prog="python -m harness")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    """``python -m harness`` with ``argv`` (the tests' entry point for this command)."""
+    from .__main__ import main
+
+    return main(argv)

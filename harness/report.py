@@ -3,25 +3,26 @@
 Reads the JSON records any benchmark command wrote and prints, per record,
 each variant's median time, IQR, peak extra memory and validation error,
 with ratios to the reference variant (``dense`` when present). A record
-holding an error entry is shown in red; the exit code is nonzero when any
-file is unreadable or any variant failed.
+holding an error entry is shown in red and makes the exit status 1; a file
+that is not a JSON record is a usage error (exit status 2).
 """
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+from . import cli
 
 console = Console()
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("report", help="print comparison tables of saved benchmark JSON", description=__doc__)
-    p.add_argument("files", nargs="+", help="JSON records written by python -m harness ...")
-    p.add_argument("--reference", default="dense", help="variant the ratios divide by (default: dense)")
+    p.add_argument("files", nargs="+", type=cli.json_record, metavar="FILE",
+                   help="JSON records written by python -m harness ...")
+    p.add_argument("--reference", default=None, help="variant the ratios divide by (default: dense, where present)")
     p.add_argument("--markdown", action="store_true", help="print Markdown tables (for docs/) instead of rich tables")
     p.set_defaults(func=run)
 
@@ -30,8 +31,8 @@ def _variants(record: dict) -> dict[str, dict]:
     """Variant name -> result dict, for records that keep them under 'variants' (dict or list)."""
     variants = record.get("variants", {})
     if isinstance(variants, list):
-        return {v.get("name", str(k)): v for k, v in enumerate(variants)}
-    return variants if isinstance(variants, dict) else {}
+        variants = {v.get("name", str(k)) if isinstance(v, dict) else str(k): v for k, v in enumerate(variants)}
+    return {k: v for k, v in variants.items() if isinstance(v, dict)} if isinstance(variants, dict) else {}
 
 
 def _fmt(value, spec: str) -> str:
@@ -80,20 +81,20 @@ def markdown(table: Table) -> str:
 
 
 def run(args) -> int:
+    if args.reference is not None:
+        lacking = [path for path, record in args.files if _variants(record) and args.reference not in _variants(record)]
+        if lacking:
+            raise cli.UsageError("--reference", f"no variant {args.reference!r} in {', '.join(lacking)}")
     status = 0
-    for path in args.files:
-        try:
-            record = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            console.print(f"[red]{path}: cannot read ({exc})[/red]")
-            status = 1
-            continue
-        config = record.get("config", {})
+    for path, record in args.files:
+        config = record.get("config") if isinstance(record.get("config"), dict) else {}
         title = f"{path}: {record.get('command', '?')} " + " ".join(f"{k}={v}" for k, v in config.items())
+        if record.get("interrupted"):
+            title += " (interrupted: partial)"
         if not _variants(record):
             console.print(f"[yellow]{path}: no variant results in this record[/yellow]")
             continue
-        table, failed = table_for(record, title, args.reference)
+        table, failed = table_for(record, title, args.reference or "dense")
         if args.markdown:
             print(f"**{title}**\n\n{markdown(table)}\n")
         else:

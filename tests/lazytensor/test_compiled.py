@@ -10,6 +10,7 @@ import torch
 
 import lazytensor as lt
 from lazytensor import kernels
+
 from .dense import dense_reduce, pm, vi, vj
 from .test_reductions import check
 

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import lazytensor as lt
+
 from .dense import Pair, dense_reduce, pm, vi, vj
 
 UNARY = ["exp", "log", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh", "sigmoid", "relu", "square"]

@@ -1,6 +1,7 @@
 """Property tests: random formulas, random sizes, streamed == dense (eager lowering)."""
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from .dense import dense_reduce, pm, vi, vj
 

@@ -3,7 +3,8 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lazytensor as lt
 from lazytensor.reductions import quantile as quantile_module

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import lazytensor as lt
+
 from .dense import dense_reduce, pm, vi, vj
 
 SIZES = [(1, 1), (1, 9), (9, 1), (13, 29)]

@@ -159,9 +159,12 @@ def test_load_state_dict_rejects_another_layout():
     (dict(multifidelity_screen=[1]), TypeError, "multifidelity_screen"),
     (dict(multifidelity_screen={"screen_fidelity": 8}), ValueError, "missing"),
     (dict(multifidelity_screen={"screen_fidelity": 8, "num_probe": 16, "screen_keep_ratio": 0.6}), ValueError, "< 1"),
-    (dict(multifidelity_screen={"screen_fidelity": 32, "num_probe": 16, "screen_keep_ratio": 0.2}), ValueError, "screen_fidelity"),
-    (dict(multifidelity_screen={"screen_fidelity": 2, "num_probe": 16, "screen_keep_ratio": 1.5}), ValueError, "screen_keep_ratio"),
-    (dict(multifidelity_screen={"screen_fidelity": 2, "num_probe": 16, "screen_keep_ratio": 0.5}, radius_model="quadratic"), ValueError, "quadratic"),
+    (dict(multifidelity_screen={"screen_fidelity": 32, "num_probe": 16, "screen_keep_ratio": 0.2}), ValueError,
+     "screen_fidelity"),
+    (dict(multifidelity_screen={"screen_fidelity": 2, "num_probe": 16, "screen_keep_ratio": 1.5}), ValueError,
+     "screen_keep_ratio"),
+    (dict(multifidelity_screen={"screen_fidelity": 2, "num_probe": 16, "screen_keep_ratio": 0.5}, radius_model="quadratic"),
+     ValueError, "quadratic"),
 ])
 def test_every_option_is_validated(kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -284,7 +287,8 @@ def test_multifidelity_screen_is_unbiased_and_charged_fractionally():
         rows = data if subset is None else data[subset]
         return ((x[:, None, :] - rows) ** 2).sum(-1).mean(1)
 
-    opt = PolytopeOptimizer(params(), radii=0.1, multifidelity_screen=dict(screen_fidelity=4, num_probe=32, screen_keep_ratio=0.3), seed=0)
+    screen = dict(screen_fidelity=4, num_probe=32, screen_keep_ratio=0.3)
+    opt = PolytopeOptimizer(params(), radii=0.1, multifidelity_screen=screen, seed=0)
     opt.step(closure)
     assert calls[0] == 4 and calls[1] is None
     assert opt.evaluations == pytest.approx(24 * 4 / 32 + opt.last_info["screen_kept"])

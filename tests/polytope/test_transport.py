@@ -40,7 +40,8 @@ def test_unbalanced_sinkhorn_tends_to_row_softmax_when_the_column_penalty_vanish
 def test_sinkhorn_warm_start_saves_iterations():
     c = costs(6, 6)
     cold = sinkhorn_plan(c, 0.05, relaxation=None, max_iter=5000, tol=1e-10)
-    warm = sinkhorn_plan(c + 1e-3 * costs(6, 6, seed=1), 0.05, relaxation=None, warm_start=cold.potentials, max_iter=5000, tol=1e-10)
+    warm = sinkhorn_plan(c + 1e-3 * costs(6, 6, seed=1), 0.05, relaxation=None, warm_start=cold.potentials, max_iter=5000,
+                         tol=1e-10)
     assert warm.info["iterations"] < cold.info["iterations"]
 
 

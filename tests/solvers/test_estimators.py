@@ -4,8 +4,18 @@ import warnings
 import pytest
 import torch
 
-from solvers import (RBF, ConvergenceWarning, KernelLDA, KernelPCA, KernelRidge, KernelSVD, LandmarkRidge, Laplacian,
-                     Matern, NotFittedError)
+from solvers import (
+    RBF,
+    ConvergenceWarning,
+    KernelLDA,
+    KernelPCA,
+    KernelRidge,
+    KernelSVD,
+    LandmarkRidge,
+    Laplacian,
+    Matern,
+    NotFittedError,
+)
 
 ITERATIVE = ("stored", "streamed")
 ALL = ("direct", "stored", "streamed")

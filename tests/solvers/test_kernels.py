@@ -63,7 +63,7 @@ def test_gradients_finite_at_coincident_points(kernel):
 def test_gamma_gradient_matches_gradcheck():
     x, y = _points(5, 4, 2, torch.float64)
     for make in (RBF, Laplacian, lambda g: Matern(2.5, g)):
-        torch.autograd.gradcheck(lambda g: make(g).tile(x, y),
+        torch.autograd.gradcheck(lambda g, make=make: make(g).tile(x, y),
                                  (torch.tensor(0.5, dtype=torch.float64, requires_grad=True),))
 
 

@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-from solvers import RBF, FunctionOperator, Jacobi, StoredKernel, StreamedKernel, cg, golub_kahan_svds, lanczos_eigsh
-from solvers import nystrom
+from solvers import RBF, FunctionOperator, Jacobi, StoredKernel, StreamedKernel, cg, golub_kahan_svds, lanczos_eigsh, nystrom
 
 
 def _spd(n, dtype=torch.float64, seed=0, alpha=0.5):

@@ -39,7 +39,3 @@ def test_report_prints_markdown_and_flags_failures(tmp_path, capsys):
     path.write_text(json.dumps(record))
     assert main(["report", str(path)]) == 1
 
-
-def test_unknown_variant_is_refused(tmp_path):
-    with pytest.raises(SystemExit, match="unknown"):
-        main(["operators", "--case", "rbf-matmul", "--n", "8", "--variants", "dense,fast", "--output", str(tmp_path / "x.json")])

@@ -37,4 +37,6 @@ def test_cases_validate_and_record(tmp_path, case, extra):
 def test_failed_check_exits_nonzero_without_timings(tmp_path):
     code, record = _run(tmp_path, "--case", "ridge", "--n", "64", "--d", "2", "--rtol", "1e-3",
                         "--check-tol", "1e-14")
-    assert code == 1 and "validation failed" in record["error"] and not record["variants"]
+    assert code == 1 and "validation failed" in record["error"]
+    assert not any(v["samples_s"] for v in record["variants"].values())
+    assert "validation failed" in record["variants"]["dense-iterative"]["error"]

@@ -27,7 +27,7 @@ def test_cli_charges_every_evaluation_and_writes_json_and_plot(tmp_path):
                           "--optimizers", "polytope", "random-search", "spsa", "--output", str(out)])
     assert code == 0
     record = json.loads(out.read_text())
-    for method, data in record["tasks"]["rosenbrock"].items():
+    for data in record["tasks"]["rosenbrock"].values():
         for run in data["runs"]:
             assert run["evaluations"] <= 300 and run["error"] is None
             assert run["curve"]["best"] == sorted(run["curve"]["best"], reverse=True)

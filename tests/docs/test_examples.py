@@ -4,7 +4,7 @@ import runpy
 
 import pytest
 
-EXAMPLES = sorted((pathlib.Path(__file__).parent.parent / "docs" / "examples").glob("*.py"))
+EXAMPLES = sorted((pathlib.Path(__file__).parents[2] / "docs" / "examples").glob("*.py"))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
