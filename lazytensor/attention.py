@@ -42,7 +42,8 @@ def _check(q, k, v, attn_mask, is_causal, scale):
         raise ValueError("attention: q, k, v must be on one device")
     if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
         raise ValueError(
-            f"attention: batch dims of q, k, v must match, got {tuple(q.shape[:-2])}, {tuple(k.shape[:-2])}, {tuple(v.shape[:-2])}"
+            "attention: batch dims of q, k, v must match, got "
+            f"{tuple(q.shape[:-2])}, {tuple(k.shape[:-2])}, {tuple(v.shape[:-2])}"
         )
     if k.shape[-1] != q.shape[-1]:
         raise ValueError(f"attention: k must have q's feature size {q.shape[-1]}, got {k.shape[-1]}")
@@ -75,9 +76,7 @@ class _Tiles:
 
     def __init__(self, q, k, v, attn_mask, is_causal, scale, chunk_size):
         self.batch_shape = q.shape[:-2]
-        self.q = q.reshape(-1, *q.shape[-2:])
-        self.k = k.reshape(-1, *k.shape[-2:])
-        self.v = v.reshape(-1, *v.shape[-2:])
+        self.q, self.k, self.v = (t.reshape(math.prod(t.shape[:-2]), *t.shape[-2:]) for t in (q, k, v))
         groups, self.L, _ = self.q.shape
         self.S = self.k.shape[1]
         self.scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])

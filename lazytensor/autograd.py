@@ -267,7 +267,7 @@ class Forward(_Collector):
         outs = reduce(full, [r for _, r in live], self.backend, self.chunk_size) if live else []
         for (k, _), (out,) in zip(live, outs):
             results[("sum", k)] = out
-        for k, (expr, axis, dim) in enumerate(self.sums):
+        for k, (_, axis, dim) in enumerate(self.sums):
             if ("sum", k) not in results:
                 rows = full.size("i" if axis == "j" else "j")
                 results[("sum", k)] = torch.zeros(full.batch, rows, dim, dtype=full.dtype, device=full.device)

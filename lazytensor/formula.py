@@ -149,11 +149,11 @@ class LazyTensor:
     def __ge__(self, o):
         return self._binary(o, sympy.GreaterThan)
 
-    def __eq__(self, o):  # a formula, as torch's ==: 1 where equal, else 0
-        return self._binary(o, lambda a, b: sympy.Eq(a, b, evaluate=False) if a.free_symbols or b.free_symbols else sympy.Eq(a, b))
+    def __eq__(self, o):  # a formula, as torch's ==: 1 where equal, else 0 (NaN != NaN, so never folded)
+        return self._binary(o, lambda a, b: _relation(sympy.Eq, a, b))
 
     def __ne__(self, o):
-        return self._binary(o, lambda a, b: sympy.Ne(a, b, evaluate=False) if a.free_symbols or b.free_symbols else sympy.Ne(a, b))
+        return self._binary(o, lambda a, b: _relation(sympy.Ne, a, b))
 
     __hash__ = object.__hash__
 
@@ -342,6 +342,11 @@ class LazyTensor:
         raise TypeError("a LazyTensor has no truth value; reduce it first")
 
 
+def _relation(kind, a: sympy.Expr, b: sympy.Expr):
+    """``kind(a, b)``, kept symbolic where a variable is involved (x == x is not true for NaN)."""
+    return kind(a, b, evaluate=not (a.free_symbols or b.free_symbols))
+
+
 class _Variable:
     """A variable's axis, normalized tensor, and whether it came with a batch dim.
 
@@ -398,8 +403,8 @@ def _check_variables(variables: dict) -> None:
     tensors = [(s, v.tensor) for s, v in variables.items()]
     if not tensors:
         raise ValueError("the formula has no variables")
-    ref_sym, ref = tensors[0]
-    for s, t in tensors[1:]:
+    ref = tensors[0][1]
+    for _, t in tensors[1:]:
         if t.dtype != ref.dtype:
             raise TypeError(f"variable dtypes differ: {ref.dtype} and {t.dtype}; convert them to one dtype")
         if t.device != ref.device:

@@ -243,13 +243,13 @@ class TileSource:
         return f"torch.matmul({a}, {b}.transpose(-1, -2)).unsqueeze(-1)"
 
     def _sqdist(self, left: sympy.Expr, right: sympy.Expr, width: int) -> str:
-        """|l + r|^2 = |a|^2 + |b|^2 + 2 a.b with a = l + c, b = r - c, c the mean of r.
+        """|l + r|^2 = |a|^2 + |b|^2 + 2 a.b with a = l + c, b = r - c, c the mean of r's real columns.
 
         Centring on the column block keeps the expansion's cancellation error
         relative to the points' spread, not to their distance from the origin.
         """
         right_rows = self._assign(sympy.Dummy(), self._rows(right, width))
-        centre = self._assign(sympy.Dummy(), f"{right_rows}.mean(1, keepdim=True)")
+        centre = self._assign(sympy.Dummy(), f"({right_rows} * mask[:, 0]).sum(1, keepdim=True) / mask.sum()")  # real columns
         a = self._assign(sympy.Dummy(), f"{self._rows(left, width)} + {centre}")
         b = self._assign(sympy.Dummy(), f"{right_rows} - {centre}")
         cross = f"torch.matmul({a}, {b}.transpose(-1, -2))"

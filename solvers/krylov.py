@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sources import Source, as_source
+from .sources import as_source
 
 __all__ = ["KrylovInfo", "cg", "lanczos_eigsh", "golub_kahan_svds"]
 
@@ -169,7 +169,7 @@ def _extend(W: torch.Tensor, basis: torch.Tensor, gen: torch.Generator) -> torch
     n, width = W.shape
     eps = torch.finfo(W.dtype).eps
     scale = W.norm(dim=0).clamp_min(torch.finfo(W.dtype).tiny)
-    for attempt in range(3):
+    for _ in range(3):
         for _ in range(2):
             if basis.shape[1]:
                 W = W - basis @ (basis.T @ W)

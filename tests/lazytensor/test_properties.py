@@ -1,4 +1,9 @@
-"""Property tests: random formulas, random sizes, streamed == dense (eager lowering)."""
+"""Property tests: random formulas, random sizes, streamed == dense (eager lowering).
+
+Formulas mix variables of feature size D and 1 (torch broadcasting, also
+inside contractions), sizes include 1 and non-multiples of the tile, and
+values, first and second gradients are compared in float64.
+"""
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,8 +33,9 @@ def formulas(draw):
 
     x = rand(batch, n, d) if batch else rand(n, d)
     y = rand(batch, m, d) if batch else rand(m, d)
+    x1, y1 = rand(n, 1), rand(m, 1)  # size-1 features broadcast against D
     p = rand(d)
-    leaves = [vi(x), vj(y), pm(p)]
+    leaves = [vi(x), vj(y), pm(p), vi(x1), vj(y1)]
     expr = draw(st.sampled_from(leaves[:2]))
     for _ in range(draw(st.integers(1, 4))):
         op = draw(st.sampled_from(["add", "mul", "sub", "unary", "sqdist", "dot"]))
@@ -50,7 +56,7 @@ def formulas(draw):
     kind = draw(st.sampled_from(["sum", "lse", "min", "max"]))
     axis = draw(st.sampled_from(["i", "j"]))
     chunk = (draw(st.integers(1, 8)), draw(st.integers(1, 8)))
-    return expr, kind, axis, chunk, batch is not None, [x, y, p]
+    return expr, kind, axis, chunk, batch is not None, [x, y, p, x1, y1]
 
 
 @settings(max_examples=60, deadline=None)
@@ -63,11 +69,26 @@ def test_random_formulas_match_dense(case):
     ref = dense_reduce(pair.dense(), kind, axis, batched)
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
     w = torch.randn_like(ref)
-    gl = torch.autograd.grad((out * w).sum(), inputs, allow_unused=True)
-    gd = torch.autograd.grad((ref * w).sum(), inputs, allow_unused=True)
+    gl = torch.autograd.grad((out * w).sum(), inputs, allow_unused=True, create_graph=True)
+    gd = torch.autograd.grad((ref * w).sum(), inputs, allow_unused=True, create_graph=True)
     for a, b in zip(gl, gd):
         if b is None:
             assert a is None or a.abs().max() == 0
         else:
             assert a is not None
             torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-8)
+    # second order: the gradient of a random projection of the first gradients
+    pairs = [(a, b) for a, b in zip(gl, gd) if a is not None and b is not None and b.requires_grad]
+    if not pairs:
+        return
+    vs = [torch.randn_like(b) for _, b in pairs]
+    streamed_terms = [(a * v).sum() for (a, _), v in zip(pairs, vs) if a.requires_grad]  # else a constant 0
+    if not streamed_terms:
+        streamed_terms = [sum(t.sum() * 0 for t in inputs)]
+    hl = torch.autograd.grad(sum(streamed_terms), inputs, allow_unused=True)
+    hd = torch.autograd.grad(sum((b * v).sum() for (_, b), v in zip(pairs, vs)), inputs, allow_unused=True)
+    for a, b in zip(hl, hd):
+        if b is None:
+            assert a is None or a.abs().max() == 0
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-7)

@@ -1,0 +1,273 @@
+"""Regression tests for answers that were once silently wrong, crashes and NaN gradients.
+
+Each case is checked against a dense torch twin; the comments name the defect.
+"""
+import math
+import warnings
+
+import pytest
+import torch
+
+import lazytensor as lt
+from lazytensor import engine, kernels
+
+F64 = dict(rtol=1e-10, atol=1e-10)
+
+
+def grads(out, inputs, weights=None):
+    weights = torch.ones_like(out) if weights is None else weights
+    return torch.autograd.grad((out * weights).sum(), inputs, allow_unused=True)
+
+
+def assert_same(lazy_out, dense_out, inputs, **tol):
+    tol = tol or F64
+    torch.testing.assert_close(lazy_out, dense_out, **tol)
+    w = torch.randn_like(dense_out)
+    for a, b in zip(grads(lazy_out, inputs, w), grads(dense_out, inputs, w)):
+        torch.testing.assert_close(a, b, **tol)
+
+
+# -- feature sums of broadcast terms count D times (torch broadcasting) ----------------------
+def test_feature_sum_of_a_broadcast_term():
+    x = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(5, 1, dtype=torch.float64, requires_grad=True)
+    out = (lt.Vi(x) - lt.Vj(y)).sum(-1).sum(1)
+    ref = (x[:, None, :] - y[None, :, :]).sum(-1).sum(1, keepdim=True)  # sum_d x_d - 3 y
+    assert_same(out, ref, [x, y])
+
+
+def test_constant_inside_a_feature_sum():
+    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
+    out = (lt.Vi(x) - lt.Vj(y) + 1.5).sum(-1).sum(1)
+    ref = (x[:, None] - y[None] + 1.5).sum(-1).sum(1, keepdim=True)
+    assert_same(out, ref, [x, y])
+
+
+@pytest.mark.parametrize("op", ["sqdist", "dot", "norm2", "weightedsqnorm"])
+def test_contractions_broadcast_size_one_operands(op):
+    x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(5, 1, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(4, dtype=torch.float64, requires_grad=True)
+    X, Y = lt.Vi(x), lt.Vj(y)
+    xd, yd = x[:, None, :], y[None, :, :]
+    lazy, dense = {
+        "sqdist": (X.sqdist(Y), ((xd - yd) ** 2).sum(-1)),
+        "dot": (X | Y, (xd * yd).sum(-1)),
+        "norm2": ((X - Y).norm2(), ((xd - yd) ** 2).sum(-1).sqrt()),
+        "weightedsqnorm": ((X - Y).weightedsqnorm(lt.Pm(w)), (w * (xd - yd) ** 2).sum(-1)),
+    }[op]
+    assert_same(lazy.sum(1), dense.sum(1, keepdim=True), [x, y, w])
+
+
+# -- NaN gradients at zero distance: torch's cdist convention (0) ----------------------------
+@pytest.mark.parametrize("d", [3, 12])  # 12: the norm-expansion width
+def test_zero_distance_gradients_are_finite(d):
+    x = torch.randn(6, d, dtype=torch.float64, requires_grad=True)
+    y = torch.cat([x.detach()[:3], torch.randn(4, d, dtype=torch.float64)]).requires_grad_()
+    assert_same(lt.distance_sum(x, y), torch.cdist(x, y).sum(-1), [x, y])
+    assert_same(lt.distance_sum(x, x.detach()), torch.cdist(x, x.detach()).sum(-1), [x])
+    assert_same((lt.Vi(x) - lt.Vj(y)).norm2().sum(1), torch.cdist(x, y).sum(-1, keepdim=True), [x, y])
+    assert_same(lt.Vi(x).sqdist(lt.Vj(y)).sqrt().sum(1), torch.cdist(x, y).sum(-1, keepdim=True), [x, y])
+
+
+def test_quantile_zero_gradient_is_finite():
+    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    y = torch.cat([x.detach(), torch.randn(6, 3, dtype=torch.float64)])
+    out = lt.distance_quantile(x, y, 0.0)
+    assert torch.equal(out, torch.zeros(5, dtype=torch.float64))
+    (g,) = grads(out, [x])
+    assert torch.isfinite(g).all()
+
+
+def test_expansion_is_exact_at_zero_under_sqrt():
+    """K(x, x) of a Laplacian kernel is exactly 1 also where the norm expansion would be used."""
+    x = torch.randn(20, 16) * 3 + 100
+    k = (-(lt.Vi(x).sqdist(lt.Vj(x)).sqrt())).exp().max(1)
+    assert torch.equal(k, torch.ones(20, 1))
+
+
+# -- infinite constants and data -------------------------------------------------------------
+def test_infinite_constants():
+    x, y = torch.randn(6, 2, dtype=torch.float64), torch.randn(7, 2, dtype=torch.float64)
+    d = lt.Vi(x).sqdist(lt.Vj(y))
+    dense = torch.cdist(x, y) ** 2
+    torch.testing.assert_close(d.clamp(0, float("inf")).sum(1)[:, 0], dense.sum(1))
+    masked = lt.where(d > 1, d, float("-inf")).max(1)[:, 0]
+    torch.testing.assert_close(masked, torch.where(dense > 1, dense, -math.inf).max(1).values)
+
+
+@pytest.mark.parametrize("backend", ["eager", "compiled"])
+def test_norm_expansion_far_from_origin_float32(backend):
+    gen = torch.Generator().manual_seed(3)
+    x64 = 1000 + torch.randn(40, 16, generator=gen, dtype=torch.float64)
+    y64 = 1000 + torch.randn(50, 16, generator=gen, dtype=torch.float64)
+    ref = torch.exp(-0.05 * torch.cdist(x64, y64) ** 2).sum(1, keepdim=True)
+    out = (-0.05 * lt.Vi(x64.float()).sqdist(lt.Vj(y64.float()))).exp().sum(1, backend=backend)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-6)
+
+
+def test_infinite_data_with_the_expansion_width():
+    x, y = torch.randn(4, 10), torch.randn(5, 10)
+    x[1, 3] = math.inf
+    out = lt.Vi(x).sqdist(lt.Vj(y)).min(1)[:, 0]
+    ref = ((x[:, None] - y[None]) ** 2).sum(-1).min(1).values
+    assert torch.equal(torch.isinf(out), torch.isinf(ref)) and not torch.isnan(out).any()
+    torch.testing.assert_close(out[torch.isfinite(ref)], ref[torch.isfinite(ref)])
+
+
+# -- comparisons are formulas of the inputs' dtype ---------------------------------------------
+def test_comparisons_reduce_and_keep_the_dtype():
+    x, z = torch.randn(6, 1, dtype=torch.float64), torch.randn(8, 1, dtype=torch.float64)
+    out = (lt.Vi(x) < lt.Vj(z)).sum(1)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out[:, 0], (x < z.T).double().sum(1))
+    eq = torch.tensor([[0.0], [1.0], [2.0]], dtype=torch.float64)
+    K = (-lt.Vi(eq).sqdist(lt.Vj(eq))).exp()
+    same = ((lt.Vi(eq) == lt.Vj(eq)) * K).sum(1)[:, 0]
+    other = ((lt.Vi(eq) != lt.Vj(eq)) * K).sum(1)[:, 0]
+    dense = torch.exp(-torch.cdist(eq, eq) ** 2)
+    torch.testing.assert_close(same, torch.ones(3, dtype=torch.float64))
+    torch.testing.assert_close(other, dense.sum(1) - 1)
+    only = lt.where(lt.Vi(x) > lt.Vj(z), 1.0, 0.0).sum(1)
+    assert only.dtype == torch.float64
+
+
+# -- empty sizes: what torch returns for the dense twin ------------------------------------------
+@pytest.mark.parametrize("n,m", [(0, 5), (4, 0), (0, 0)])
+def test_empty_sizes(n, m):
+    x = torch.randn(n, 3, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(m, 3, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(m, 2, dtype=torch.float64, requires_grad=True)
+    K = (-lt.Vi(x).sqdist(lt.Vj(y))).exp()
+    dense = torch.exp(-torch.cdist(x, y) ** 2)
+    assert_same(K @ b, dense @ b, [x, y, b])
+    torch.testing.assert_close(K.logsumexp(1)[:, 0], torch.logsumexp(dense, 1))
+    torch.testing.assert_close(K.softmax_weighted_sum(b, 1), torch.softmax(dense, 1) @ b)
+    assert K.sum(0).shape == (m, 1)
+    if m == 0 and n > 0:
+        with pytest.raises(ValueError, match="empty"):
+            K.min(1)
+        with pytest.raises(ValueError):
+            K.quantile(0.5, 1)
+    elif m > 0:
+        assert K.min(1).shape == (0, 1) and K.argkmin(2, 1).shape == (0, 2) and K.quantile(0.5, 1).shape == (0, 1)
+
+
+@pytest.mark.parametrize("length,keys", [(0, 5), (3, 0)])
+def test_empty_attention(length, keys):
+    q = torch.randn(1, 2, length, 4, requires_grad=True)
+    k, v = torch.randn(1, 2, keys, 4, requires_grad=True), torch.randn(1, 2, keys, 3, requires_grad=True)
+    out = lt.attention(q, k, v)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    out.sum().backward()
+
+
+# -- ties go to the lowest index ---------------------------------------------------------------
+@pytest.mark.parametrize("chunk", [None, (3, 4)])
+def test_argkmin_ties_lowest_index_first(chunk):
+    x = torch.zeros(5, 1)
+    y = torch.tensor([[2.0], [1.0], [1.0], [0.0], [1.0], [0.0], [1.0], [2.0], [1.0]])
+    values, index = (lt.Vi(x) - lt.Vj(y)).abs().kmin_argkmin(6, 1, chunk_size=chunk, backend="eager")
+    order = torch.sort(y[:, 0].abs(), stable=True).indices[:6]
+    assert torch.equal(index, order.expand(5, 6))
+    assert torch.equal(values, y[order, 0].abs().expand(5, 6))
+
+
+# -- options and odd inputs ---------------------------------------------------------------------
+@pytest.mark.parametrize("chunk", [2.5, "big", (4,), (0, 4), True, (4, 2.0)])
+def test_bad_chunk_sizes_name_the_argument(chunk):
+    K = lt.Vi(torch.randn(4, 2)).sqdist(lt.Vj(torch.randn(5, 2)))
+    with pytest.raises(ValueError, match="chunk_size"):
+        K.sum(1, chunk_size=chunk)
+
+
+def test_log_of_a_folded_zero_is_minus_inf():
+    x = lt.Vi(torch.randn(3, 2))
+    out = ((x - x).sum(-1).log() + lt.Vj(torch.randn(4, 1))).max(1)
+    assert torch.equal(out, torch.full((3, 1), -math.inf))
+
+
+def test_logsumexp_float32_gradient_at_large_values():
+    """|lse| ~ 3e4: gradients keep ~1e-5 relative accuracy (weights from the max shift, not lse)."""
+    gen = torch.Generator().manual_seed(0)
+    x64 = torch.randn(30, 2, generator=gen, dtype=torch.float64) + 170
+    y64 = torch.randn(40, 2, generator=gen, dtype=torch.float64) - 170
+    x = x64.float().requires_grad_()
+    out = lt.Vi(x).sqdist(lt.Vj(y64.float())).logsumexp(1)
+    assert out.abs().min() > 1e4
+    (g,) = grads(out, [x])
+    x64.requires_grad_()
+    ref = torch.logsumexp(((x64[:, None] - y64[None]) ** 2).sum(-1), 1).sum()
+    (g64,) = torch.autograd.grad(ref, [x64])
+    assert ((g.double() - g64).abs().max() / g64.abs().max()) < 1e-4
+
+
+# -- compilation: buckets, constants as values, a bounded cache, fallback at any call -------------
+@pytest.fixture
+def compiled_stats():
+    frames = torch._dynamo.utils.counters["frames"]
+    return lambda: (kernels.stats["built"], frames["ok"])
+
+
+@pytest.mark.slow
+def test_fifty_sizes_compile_once_per_bucket(compiled_stats):
+    """50 distinct (N, M) in two tile buckets: two kernels, no recompile, no recompile-limit error."""
+    gen = torch.Generator().manual_seed(0)
+    sizes = [(int(n), int(m)) for n, m in zip(torch.randint(257, 513, (40,), generator=gen),
+                                              torch.randint(129, 257, (40,), generator=gen))]
+    sizes += [(17 + k, 30 - k) for k in range(10)]
+    y, b = torch.randn(256, 3), torch.randn(256, 4)
+    buckets, built_before = set(), compiled_stats()[0]
+    for n, m in sizes:
+        x = torch.randn(n, 3)
+        before = compiled_stats()
+        out = (-0.5 * lt.Vi(x).sqdist(lt.Vj(y[:m]))).exp().matmul(b[:m], backend="compiled")
+        torch.testing.assert_close(out, torch.exp(-0.5 * torch.cdist(x, y[:m]) ** 2) @ b[:m], rtol=1e-4, atol=1e-4)
+        bucket = (engine.bucket(n), engine.bucket(m))
+        if bucket in buckets:
+            assert compiled_stats() == before, f"(N, M) = {(n, m)} recompiled inside a known bucket"
+        buckets.add(bucket)
+    assert len(buckets) == 2 and compiled_stats()[0] - built_before <= 2
+
+
+@pytest.mark.slow
+def test_new_constant_values_reuse_the_kernel(compiled_stats):
+    x, y, b = torch.randn(50, 3), torch.randn(60, 3), torch.randn(60, 2)
+    K = lambda g: (-g * lt.Vi(x).sqdist(lt.Vj(y))).exp()  # noqa: E731
+    K(0.25).matmul(b, backend="compiled")
+    before = compiled_stats()
+    for g in (0.1, 0.33, 1.7, 2.0000001):
+        out = K(g).matmul(b, backend="compiled")
+        torch.testing.assert_close(out, torch.exp(-g * torch.cdist(x, y) ** 2) @ b, rtol=1e-4, atol=1e-5)
+    assert compiled_stats() == before
+
+
+def test_kernel_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(kernels, "MAX_KERNELS", 3)
+    x, y = torch.randn(4, 2), torch.randn(5, 2)
+    for k in range(6):
+        (lt.Vi(x).sqdist(lt.Vj(y)) ** (k + 2)).sum(1, backend="eager")
+    assert kernels.cache_size() <= 3
+
+
+def test_compile_failure_at_a_later_call_falls_back(monkeypatch):
+    calls = {"n": 0}
+
+    def flaky(fn, **kwargs):
+        def run(*args):
+            calls["n"] += 1
+            if calls["n"] > 1:
+                raise RuntimeError("recompile limit")
+            return fn(*args)
+        return run
+
+    monkeypatch.setattr(torch, "compile", flaky)
+    x, y = torch.randn(5, 2), torch.randn(6, 2)
+    f = lt.Vi(x).sqdist(lt.Vj(y)) * lt.Vj(y).sqnorm2() * 7  # a formula no other test compiles
+    ref = (torch.cdist(x, y) ** 2 * (y**2).sum(1) * 7).sum(1, keepdim=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(f.sum(1, backend="compiled"), ref)
+    with pytest.warns(kernels.CompileFallbackWarning):
+        torch.testing.assert_close(f.sum(1, backend="compiled"), ref)
