@@ -108,7 +108,7 @@ def test_torch_func_transforms(kind):
     torch.testing.assert_close(grad(scalars[0])(x), grad(scalars[1])(x), **TOL)
     torch.testing.assert_close(hessian(scalars[0])(x), hessian(scalars[1])(x), **TOL)
     t = torch.randn_like(x)
-    (o0, d0), (o1, d1) = jvp(fs[0], (x,), (t,)), jvp(fs[1], (x,), (t,))
+    (_, d0), (_, d1) = jvp(fs[0], (x,), (t,)), jvp(fs[1], (x,), (t,))
     torch.testing.assert_close(d0, d1, **TOL)
     (out, pull), (_, pull1) = vjp(fs[0], x), vjp(fs[1], x)
     w = torch.randn_like(out)
