@@ -135,7 +135,7 @@ def plan_tiles(problem: Problem, consumers, chunk_size, compiled: bool) -> TileP
         per_pair = problem.dtype.itemsize * problem.batch * (width + 2)
         cols = min(MAX_TILE_COLS, bucket(m))
         rows = max(MIN_TILE, min(MAX_TILE_ROWS, TILE_BUDGET_BYTES // (per_pair * cols)))
-        rows = 1 << int(math.log2(rows))  # a power of two at most the budget
+        rows = 1 << round(math.log2(rows))  # the nearest power of two: within a factor sqrt(2) of the budget
     if compiled:
         return TilePlan(min(rows, bucket(n)), min(cols, bucket(m)))
     return TilePlan(min(rows, n), min(cols, m))
