@@ -1,7 +1,8 @@
 """Lowering: IR expressions -> the source of one per-tile PyTorch function.
 
 The generated function receives row blocks of the i-variables (B, n, D),
-column blocks of the j-variables (B, m, D), the parameters (B, D) (float
+column blocks of the j-variables stored features-first (B, D, m) so that the
+tile's innermost (column) loads are contiguous, the parameters (B, D) (float
 constants of the formula are parameters too, so a new value reuses the
 kernel), and the column and row masks. Every node evaluates to a tensor that
 broadcasts to (B, n, m, D): i-only nodes keep shape (B, n, 1, D), j-only
@@ -94,7 +95,7 @@ class TileSource:
             slot = counters[axis]
             counters[axis] += 1
             name = f"{axis}{slot}"
-            view = {"i": f"I[{slot}].unsqueeze(2)", "j": f"J[{slot}].unsqueeze(1)", "p": f"P[{slot}][:, None, None, :]"}[axis]
+            view = {"i": f"I[{slot}].unsqueeze(2)", "j": f"J[{slot}].transpose(1, 2).unsqueeze(1)", "p": f"P[{slot}][:, None, None, :]"}[axis]
             self.lines.append(f"{name} = {view}")
             self.names[sym] = name
 
