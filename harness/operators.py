@@ -1,16 +1,22 @@
 """Operator benchmark: ``python -m harness operators --case CASE ...``.
 
-Cases (N x M pair workloads): ``distance-sum``, ``rbf-matmul``,
-``distance-quantile``, ``kernel-regression``, ``attention`` (queries
-(batch, heads, n, d), keys/values (batch, heads, m, d); ``--channels`` is the
-number of heads there, the value width elsewhere). Variants:
+Cases (N x M pair workloads, one per reduction kind): ``distance-sum`` and
+``rbf-matmul`` (sums), ``logsumexp``, ``kernel-regression`` (softmax-weighted
+sum), ``min`` (min/argmin), ``kmin`` (the 8 nearest: k-min/argk-min),
+``distance-quantile`` and ``attention`` (queries (batch, heads, n, d),
+keys/values (batch, heads, m, d); ``--channels`` is the number of heads
+there, the value width elsewhere). Variants:
 
 ``eager``        the direct broadcast PyTorch formula (may allocate N x M x D);
 ``compiled``     the same function under ``torch.compile(fullgraph=True)``;
 ``dense``        native named functions (cdist/mm, torch.quantile, SDPA);
-``streamed``     the lazytensor named operator (no N x M storage);
+``streamed``     the lazytensor named operator where one exists, else the formula;
+``generic``      the formula as a user writes it with ``lt.Vi`` / ``lt.Vj``;
 ``event-stream`` the same reduction through ``lazytensor.stream`` (one pass,
-                 consumers subscribed); absent where it is not equivalent.
+                 consumers subscribed); absent where it is not equivalent;
+``keops``        the same formula with ``pykeops`` (the optional ``compare``
+                 extra; absent where pykeops is not installed or has no
+                 equivalent).
 
 Every variant's values (and, with ``--backward``, first gradients) are checked
 against ``dense`` before anything is timed; then the first call is timed
@@ -35,8 +41,8 @@ import lazytensor as lt
 from . import cli, method, report
 
 console = Console()
-CASES = ("distance-sum", "rbf-matmul", "distance-quantile", "kernel-regression", "attention")
-VARIANTS = ("eager", "compiled", "dense", "streamed", "event-stream")
+CASES = ("distance-sum", "rbf-matmul", "logsumexp", "kernel-regression", "min", "kmin", "distance-quantile", "attention")
+VARIANTS = ("eager", "compiled", "dense", "streamed", "generic", "event-stream", "keops")
 GAMMA = 0.5
 QUANTILES = (0.25, 0.5, 0.9)
 KNN_K = 8
@@ -92,11 +98,28 @@ def _broadcast(case, chunk):
         return lambda x, y: sqd(x, y).sqrt().sum(1)
     if case == "rbf-matmul":
         return lambda x, y, b: (torch.exp(-GAMMA * sqd(x, y))[:, :, None] * b[None]).sum(1)
+    if case == "logsumexp":
+        return lambda x, y: torch.logsumexp(-GAMMA * sqd(x, y), 1)
     if case == "kernel-regression":
         return lambda x, y, b: (torch.softmax(-GAMMA * sqd(x, y), 1)[:, :, None] * b[None]).sum(1)
+    if case == "min":
+        return lambda x, y: sqd(x, y).min(1).values
+    if case == "kmin":
+        return lambda x, y: torch.topk(sqd(x, y), KNN_K, dim=1, largest=False).values
     if case == "distance-quantile":
         return lambda x, y: torch.quantile(sqd(x, y).sqrt(), torch.tensor(QUANTILES, dtype=x.dtype, device=x.device), dim=1).T
     return lambda q, k, v: torch.softmax((q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1]), -1) @ v
+
+
+def _dense(case):
+    """Native named functions: the reference every variant is checked against."""
+    if case == "logsumexp":
+        return lambda x, y: torch.logsumexp(-GAMMA * torch.cdist(x, y).square(), 1)
+    if case == "min":
+        return lambda x, y: torch.cdist(x, y).square().min(1).values
+    if case == "kmin":
+        return lambda x, y: torch.topk(torch.cdist(x, y).square(), KNN_K, dim=1, largest=False).values
+    return _named(case, "dense", None)
 
 
 def _named(case, impl, chunk):
@@ -109,19 +132,75 @@ def _named(case, impl, chunk):
         return lambda x, y, b: lt.kernel_regression(x, y, b, GAMMA, **kw)
     if case == "distance-quantile":
         return lambda x, y: lt.distance_quantile(x, y, torch.tensor(QUANTILES, dtype=x.dtype), **kw)
-    return lambda q, k, v: lt.attention(q, k, v, **kw)
+    if case == "attention":
+        return lambda q, k, v: lt.attention(q, k, v, **kw)
+    return _generic(case, chunk)  # no named operator: the formula is the streamed variant
+
+
+def _generic(case, chunk):
+    """The case as a user writes it: a formula of lt.Vi / lt.Vj, then a reduction method."""
+    kw = {"chunk_size": chunk}
+
+    def sq(x, y):
+        return lt.Vi(x).sqdist(lt.Vj(y))
+
+    if case == "distance-sum":
+        return lambda x, y: sq(x, y).sqrt().sum(1, **kw).squeeze(-1)
+    if case == "rbf-matmul":
+        return lambda x, y, b: (-GAMMA * sq(x, y)).exp().matmul(b, **kw)
+    if case == "logsumexp":
+        return lambda x, y: (-GAMMA * sq(x, y)).logsumexp(1, **kw).squeeze(-1)
+    if case == "kernel-regression":
+        return lambda x, y, b: (-GAMMA * sq(x, y)).softmax_weighted_sum(b, 1, **kw)
+    if case == "min":
+        return lambda x, y: sq(x, y).min_argmin(1, **kw)[0].squeeze(-1)
+    if case == "kmin":
+        return lambda x, y: sq(x, y).kmin_argkmin(KNN_K, 1, **kw)[0]
+    if case == "distance-quantile":
+        return lambda x, y: sq(x, y).sqrt().quantile(torch.tensor(QUANTILES, dtype=x.dtype), 1, **kw)
+    return None
 
 
 def _events(case, chunk):
     """The case through ``lazytensor.stream``; None where no reduction expresses it."""
     kw = {"chunk_size": chunk}
+
+    def sq(x, y):
+        return lt.Vi(x).sqdist(lt.Vj(y))
+
     if case == "distance-sum":
-        return lambda x, y: lt.stream(lt.Vi(x).sqdist(lt.Vj(y)).sqrt(), ["sum"], **kw)[0].squeeze(-1)
+        return lambda x, y: lt.stream(sq(x, y).sqrt(), ["sum"], **kw)[0].squeeze(-1)
     if case == "rbf-matmul":
-        return lambda x, y, b: lt.stream((-GAMMA * lt.Vi(x).sqdist(lt.Vj(y))).exp() * lt.Vj(b), ["sum"], **kw)[0]
+        return lambda x, y, b: lt.stream((-GAMMA * sq(x, y)).exp() * lt.Vj(b), ["sum"], **kw)[0]
+    if case == "logsumexp":
+        return lambda x, y: lt.stream(-GAMMA * sq(x, y), ["logsumexp"], **kw)[0].squeeze(-1)
     if case == "kernel-regression":
-        return lambda x, y, b: lt.stream(-GAMMA * lt.Vi(x).sqdist(lt.Vj(y)), [("softmax_weighted_sum", b)], **kw)[0]
+        return lambda x, y, b: lt.stream(-GAMMA * sq(x, y), [("softmax_weighted_sum", b)], **kw)[0]
+    if case == "min":
+        return lambda x, y: lt.stream(sq(x, y), ["min_argmin"], **kw)[0][0].squeeze(-1)
+    if case == "kmin":
+        return lambda x, y: lt.stream(sq(x, y), [("kmin_argkmin", KNN_K)], **kw)[0][0]
     return None
+
+
+def _keops(case):
+    """The case with pykeops's LazyTensor; None where pykeops is missing or has no equivalent."""
+    try:
+        from pykeops.torch import LazyTensor
+    except ImportError:
+        return None
+
+    def sq(x, y):
+        return ((LazyTensor(x[:, None, :]) - LazyTensor(y[None, :, :])) ** 2).sum(-1)
+
+    return {
+        "distance-sum": lambda x, y: sq(x, y).sqrt().sum(1).squeeze(-1),
+        "rbf-matmul": lambda x, y, b: (-GAMMA * sq(x, y)).exp() @ b,
+        "logsumexp": lambda x, y: (-GAMMA * sq(x, y)).logsumexp(1).squeeze(-1),
+        "kernel-regression": lambda x, y, b: (-GAMMA * sq(x, y)).sumsoftmaxweight(LazyTensor(b[None, :, :]), axis=1),
+        "min": lambda x, y: sq(x, y).min_argmin(1)[0].squeeze(-1),
+        "kmin": lambda x, y: sq(x, y).Kmin_argKmin(KNN_K, 1)[0],
+    }.get(case)
 
 
 def _variant_function(case, name, chunk):
@@ -131,6 +210,12 @@ def _variant_function(case, name, chunk):
         return torch.compile(_broadcast(case, chunk), fullgraph=True, dynamic=False)
     if name == "event-stream":
         return _events(case, chunk)
+    if name == "keops":
+        return _keops(case)
+    if name == "generic":
+        return _generic(case, chunk)
+    if name == "dense":
+        return _dense(case)
     return _named(case, name, chunk)
 
 
@@ -201,8 +286,8 @@ def run(args) -> int:
             try:
                 call = workload(name=name, **config)
                 if call is None:
-                    results[name] = method.VariantResult(name, error="not applicable: no lazytensor.stream "
-                                                         "reduction expresses this case")
+                    results[name] = method.VariantResult(name, error=f"not applicable: no {name} variant of this case"
+                                                         + (" (pykeops not installed?)" if name == "keops" else ""))
                     continue
                 results[name] = method.VariantResult(name, validation=_validate(call(), reference, tolerance))
                 calls[name] = call

@@ -34,9 +34,10 @@ def bool_mask(*shape):
 @pytest.mark.parametrize(
     "case", ["plain", "causal", "bool", "bool-broadcast", "additive", "additive-key-padding", "scale", "one-tile"]
 )
-def test_attention_matches_sdpa(dtype, case):
-    q, k, v = inputs(dtype)
-    kw, wrt, chunk = {}, (), (4, 5)
+@pytest.mark.parametrize("dv", [5, 8])  # 8 = the query size: CPU tiles run ATen's fused kernel
+def test_attention_matches_sdpa(dtype, case, dv):
+    q, k, v = inputs(dtype, dv=dv)
+    kw, wrt, chunk = {}, (), (4, 5) if case != "causal" else (5, 5)
     if case == "causal":
         kw = dict(is_causal=True)
     elif case == "bool":
@@ -56,9 +57,20 @@ def test_attention_matches_sdpa(dtype, case):
     compare(q, k, v, dtype, wrt, chunk, **kw)
 
 
-def test_causal_with_more_keys_than_queries_and_three_dims():
-    q, k, v = inputs(torch.float64, batch=(3,), L=6, S=11)
+@pytest.mark.parametrize("dv", [5, 8])
+def test_causal_with_more_keys_than_queries_and_three_dims(dv):
+    q, k, v = inputs(torch.float64, batch=(3,), L=6, S=11, dv=dv)
     compare(q, k, v, torch.float64, is_causal=True)
+
+
+@pytest.mark.parametrize("chunk", [(4, 5), (3, 3), None])
+def test_fused_and_explicit_tiles_agree(chunk):
+    """Rectangular causal tiles, masks with fully masked tile rows: both tile kernels give SDPA's answer."""
+    q, k, v = inputs(torch.float64, L=21, S=23, dv=8)
+    mask = bool_mask(21, 23)
+    mask[..., 5:9, :12] = False  # rows empty in the first key tiles only
+    compare(q, k, v, torch.float64, attn_mask=mask, chunk=chunk)
+    compare(q, k, v, torch.float64, is_causal=True, chunk=chunk)
 
 
 def test_bad_inputs_are_named():
