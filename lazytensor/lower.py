@@ -52,6 +52,8 @@ _RELATIONS = {
     sympy.Equality: "==",
     sympy.Unequality: "!=",
 }
+# Variables as views broadcasting to (B, n, m, D); column blocks arrive features-first (B, D, m).
+_VIEWS = {"i": "I[{}].unsqueeze(2)", "j": "J[{}].transpose(1, 2).unsqueeze(1)", "p": "P[{}][:, None, None, :]"}
 _SPECIAL_CONSTANTS = {sympy.oo: "inf", -sympy.oo: "-inf", sympy.zoo: "inf", sympy.nan: "nan"}
 
 
@@ -95,8 +97,7 @@ class TileSource:
             slot = counters[axis]
             counters[axis] += 1
             name = f"{axis}{slot}"
-            view = {"i": f"I[{slot}].unsqueeze(2)", "j": f"J[{slot}].transpose(1, 2).unsqueeze(1)", "p": f"P[{slot}][:, None, None, :]"}[axis]
-            self.lines.append(f"{name} = {view}")
+            self.lines.append(f"{name} = {_VIEWS[axis].format(slot)}")
             self.names[sym] = name
 
     def _assign(self, expr: sympy.Expr, code: str) -> str:
