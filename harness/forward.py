@@ -216,8 +216,9 @@ def path_cases(dtype, device, batch: int) -> list[PathCase]:
         base = ParameterLayout(model).flatten(model)
         slot = ParameterLayout(model).by_name[name]
         step = max(size, (slot.numel - size) // max(number - 1, 1))
-        return CandidateBatch(base, [CandidateGroup(torch.arange(slot.start + b * step, slot.start + b * step + size, device=device),
-                                                    noise(count, size)) for b in range(number)])
+        starts = [slot.start + b * step for b in range(number)]
+        groups = [CandidateGroup(torch.arange(a, a + size, device=device), noise(count, size)) for a in starts]
+        return CandidateBatch(base, groups)
 
     def case(name, model, loss, x, y, batch_=None, flat=None, **options):
         return PathCase(name, model, loss, x, y, batch_.materialize() if flat is None else flat, batch_, options)
@@ -233,6 +234,8 @@ def path_cases(dtype, device, batch: int) -> list[PathCase]:
                                      for b in subspace.blocks], subspace)
 
     dense = noise(64, layout.n)
+    everything = CandidateBatch(base, [CandidateGroup(torch.arange(layout.n, device=device), dense)])
+    hybrid = HybridSubspace.from_layout(net, rank=8, max_subspace_dim=512)
     last = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
                          nn.Linear(256, 10)).to(device, dtype)
     last_layout = ParameterLayout(last)
@@ -248,13 +251,14 @@ def path_cases(dtype, device, batch: int) -> list[PathCase]:
     return [
         case("inplace", net, F.mse_loss, x, y, blocks(net, "2.weight", 64, 8, number=2), use_inplace=True),
         case("sparse_delta", net, F.mse_loss, x, y, blocks(net, "2.weight", 64, 128, number=4)),
-        case("subspace_delta", net, F.mse_loss, x, y, subspace_batch(HybridSubspace.from_layout(net, rank=8, max_subspace_dim=512))),
+        case("subspace_delta", net, F.mse_loss, x, y, subspace_batch(hybrid)),
         case("factored", net, F.mse_loss, x, y, subspace_batch(FactoredSubspace(net, rank=4))),
-        case("dense_bmm", net, F.mse_loss, x, y, CandidateBatch(base, [CandidateGroup(torch.arange(layout.n, device=device), dense)]), flat=base + dense),
+        case("dense_bmm", net, F.mse_loss, x, y, everything, flat=base + dense),
         case("last layer (issue 14)", last, F.cross_entropy, data(batch, 64), labels, last_batch),
         case("vmap (reuse=False)", net, F.mse_loss, x, y, blocks(net, "2.weight", 64, 128, number=4), reuse=False),
         case("site_vmap (CNN)", conv, F.cross_entropy, data(batch, 3, 8, 8), labels, blocks(conv, "2.weight", 64, 32)),
-        case("site_vmap (attention)", attention, F.cross_entropy, data(batch, 16, 32), labels % 4, blocks(attention, "proj.weight", 64, 32)),
+        case("site_vmap (attention)", attention, F.cross_entropy, data(batch, 16, 32), labels % 4,
+             blocks(attention, "proj.weight", 64, 32)),
         case("sequential (BatchNorm)", batchnorm, F.mse_loss, x, y, blocks(batchnorm, "3.weight", 64, 32)),
         case("sequential (not vmappable)", datadep, F.mse_loss, x, y, blocks(datadep, "body.2.weight", 64, 32)),
     ]
@@ -269,9 +273,10 @@ def paths_benchmark(args, dtype, device, compiled: bool) -> dict:
     rows = {}
     table = Table(title=f"candidate evaluation paths ({'compiled' if compiled else 'eager'}, {args.dtype}, {device}, "
                         f"{torch.get_num_threads()} thread(s); ms per call, median)")
-    for column in ("case", "candidates", "naive loop", "flat", "flat path", "structured", "structured path", "naive / flat", "naive / structured"):
+    for column in ("case", "candidates", "naive loop", "flat", "flat path", "structured", "structured path",
+                   "naive / flat", "naive / structured"):
         table.add_column(column)
-    cases = [case for case in path_cases(dtype, device, args.batch) if not args.cases or any(part in case.name for part in args.cases)]
+    cases = [c for c in path_cases(dtype, device, args.batch) if not args.cases or any(part in c.name for part in args.cases)]
     if not cases:
         raise cli.UsageError("--cases", f"no path case matches {args.cases}; the cases are: "
                                         f"{', '.join(case.name for case in path_cases(dtype, device, 1))}")

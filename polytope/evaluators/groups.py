@@ -106,7 +106,7 @@ def writes(group: Group, layout: ParameterLayout) -> list[tuple[int, torch.Tenso
     if group.values is not None:
         return [(s, None, v) for s, v in group.values.items()]
     if group.subspace is None:
-        base = group.base
-        return [(s, local, base[layout.slots[s].start + local] + group.delta[:, positions]) for s, (positions, local) in group.split.items()]
+        base, delta, split = group.base, group.delta, group.split
+        return [(s, local, base[layout.slots[s].start + local] + delta[:, positions]) for s, (positions, local) in split.items()]
     values = candidate_values(group, layout, 0, group.count)
     return [(s, None, v.reshape(group.count, -1)) for s, v in values.items()]
