@@ -38,7 +38,7 @@ from ..param_layout import ParameterLayout
 from .chunking import ChunkRunner, estimate_chunk, memory_budget
 from .compiled import CompiledSite
 from .contracts import vmap_forbidden
-from .flat import flat_groups
+from .flat import flat_groups, whole_groups
 from .functional import activation_numel, vmap_forward
 from .groups import Group, batch_groups
 from .losses import CandidateLoss
@@ -161,8 +161,11 @@ class NNCostEvaluator:
         self._check_inputs(inputs)
         with torch.no_grad():
             base = self.layout.flatten(self.model)
-            coordinates = self.delta_allowed and not self.use_inplace  # only the delta paths use per-entry changes
-            groups = flat_groups(candidates, base, self.layout, coordinates=coordinates, sparse_fraction=self.sparse_fraction)
+            if self.use_inplace:  # written one at a time anyway: writing every tensor costs what comparing would
+                groups = whole_groups(candidates, base, self.layout)
+            else:
+                coordinates, fraction = self.delta_allowed, self.sparse_fraction  # per-entry changes serve the delta paths only
+                groups = flat_groups(candidates, base, self.layout, coordinates=coordinates, sparse_fraction=fraction)
             return self._run(groups, candidates.shape[0], base, inputs, targets)
 
     def evaluate_batch(self, batch: CandidateBatch, inputs, targets) -> torch.Tensor:

@@ -5,7 +5,10 @@ candidate moves a few entries (a block of the optimizer, the last layer). One
 pass compares it with the model's parameters, tensor by tensor in cache-sized
 pieces: ``|candidate - base|``, reduced per candidate and tensor (which
 tensors does it change?) and, when the delta paths can run, per candidate and
-short run of entries (which runs does it move?). Candidates that move the same
+short run of entries (which runs does it move?). A few sampled entries per
+tensor settle dense changes first: a candidate that moves all of them keeps
+its own values there, and that tensor is not read in full for it (random
+search and evolution strategies move everything). Candidates that move the same
 runs form a group, as the blocks of a ``CandidateBatch`` would; a group whose
 moved entries are few takes the delta form (base + differences on exactly
 those entries), otherwise it keeps the candidates' own values of the tensors
@@ -30,6 +33,7 @@ from .groups import Group, delta_group
 # Numbers differenced per piece on the CPU: the difference stays in cache. 2^18
 # was fastest of 2^15 .. 2^20 on the hidden-256 MLPs of harness forward.
 CPU_PIECE = 1 << 18
+SAMPLE = 16  # entries per tensor read first to spot dense changes
 RUN = 64  # entries per run (at least; larger when the run flags would exceed MAX_FLAGS)
 MAX_FLAGS = 1 << 22
 
@@ -67,45 +71,68 @@ class Runs:
 
 
 def compare(candidates: torch.Tensor, base: torch.Tensor, layout: ParameterLayout, runs: Runs | None):
-    """One pass over ``|candidates - base|``: (C, S) max per candidate and tensor, and with ``runs`` (C, R) max per run.
+    """``|candidates - base|`` reduced to (C, S) max per candidate and tensor and, with ``runs``, (C, R) max per run.
 
-    A matrix of at most one piece is differenced at once; larger ones go in
-    pieces of whole rows of one tensor, so the differences of all candidates
-    never exist together (on the CPU a piece stays in cache), and runs are
-    only reduced for pieces that change something. ``x + (-b)`` is ``x - b``
-    exactly and broadcasts twice as fast on the CPU.
+    A matrix of at most one piece is differenced at once. For larger ones,
+    ``SAMPLE`` entries spread over each tensor are read first: a candidate that
+    moves all of them changes the tensor densely (it will keep its own values),
+    so the rest of that tensor is not read for it and its runs are all marked.
+    The other candidates are read in pieces of whole rows of one tensor, so the
+    differences of all candidates never exist together (on the CPU a piece
+    stays in cache); runs are only reduced for pieces that change something.
+    ``x + (-b)`` is ``x - b`` exactly and broadcasts twice as fast on the CPU.
     """
     count, minus = candidates.shape[0], -base
     piece = CPU_PIECE if candidates.device.type == "cpu" else memory_budget(candidates.device) // (2 * candidates.element_size())
     tensors = candidates.new_zeros(len(layout.slots), count)
     moved = candidates.new_zeros(count, runs.count) if runs is not None else None
     whole = (candidates + minus).abs_() if candidates.numel() <= piece else None
-    steps = [count if whole is not None else max(1, piece // max(slot.numel, 1)) for slot in layout.slots]
-    if whole is None:
-        buffer = candidates.new_empty(max(min(step, count) * slot.numel for step, slot in zip(steps, layout.slots)))
-    for s, (slot, step) in enumerate(zip(layout.slots, steps)):
+    if whole is None:  # one buffer for every piece: fresh large allocations cost page faults on the CPU
+        buffer = candidates.new_empty(max(min(max(1, piece // max(slot.numel, 1)), count) * slot.numel for slot in layout.slots))
+    for s, slot in enumerate(layout.slots):
         if not slot.numel:
             continue
-        columns = (whole if whole is not None else candidates)[:, slot.start : slot.stop]
         own, largest = minus[slot.start : slot.stop], tensors[s]
-        for a in range(0, count, step):
-            b = min(a + step, count)
-            diff = columns[a:b]
-            if whole is None:
-                diff = torch.add(diff, own, out=buffer[: (b - a) * slot.numel].view(b - a, slot.numel)).abs_()
-            torch.amax(diff, 1, out=largest[a:b])
-            if moved is not None and bool(largest[a:b].any()):
-                _runs_max(diff, moved[a:b, runs.offsets[s] : runs.offsets[s + 1]], runs.width)
+        marks = None if moved is None else moved[:, runs.offsets[s] : runs.offsets[s + 1]]
+        if whole is not None:
+            rows, step = slice(0, count), count
+        else:
+            rows, step = _screen(candidates, minus, slot, largest, marks), max(1, piece // slot.numel)
+        for a in range(0, _count(rows), step):
+            part = _part(rows, a, min(a + step, _count(rows)))
+            if whole is not None:
+                diff = whole[part, slot.start : slot.stop]
+            else:
+                diff = buffer[: _count(part) * slot.numel].view(_count(part), slot.numel)
+                torch.add(_take(candidates, part, slot.start, slot.stop), own, out=diff).abs_()
+            largest[part] = torch.amax(diff, 1)
+            if marks is not None and bool(largest[part].any()):
+                marks[part] = _runs_max(diff, runs.width)
     return tensors.T, moved
 
 
-def _runs_max(diff: torch.Tensor, out: torch.Tensor, width: int) -> None:
-    """max over runs of ``width`` columns of ``diff`` (rows, w) into ``out`` (rows, ceil(w / width))."""
-    full = diff.shape[1] // width
-    if full:
-        torch.amax(diff[:, : full * width].reshape(-1, full, width), 2, out=out[:, :full])
+def _screen(candidates, minus, slot, largest, marks):
+    """The rows still to read for ``slot``: rows that move all of its sampled entries are settled here."""
+    count, k = candidates.shape[0], min(SAMPLE, slot.numel)
+    sampled = slice(slot.start, slot.start + k * (slot.numel // k), slot.numel // k)
+    diff = (candidates[:, sampled] + minus[sampled]).abs_()
+    dense = diff.amin(1) != 0
+    if not bool(dense.any()):
+        return slice(0, count)
+    largest[dense] = diff.amax(1)[dense]
+    if marks is not None:
+        marks[dense] = 1
+    rest = torch.nonzero(~dense).flatten()
+    return _rows(rest)
+
+
+def _runs_max(diff: torch.Tensor, width: int) -> torch.Tensor:
+    """max over runs of ``width`` columns of ``diff`` (rows, w): (rows, ceil(w / width))."""
+    rows, full = diff.shape[0], diff.shape[1] // width
+    parts = [diff[:, : full * width].reshape(rows, full, width).amax(2)] if full else []
     if diff.shape[1] > full * width:
-        torch.amax(diff[:, full * width :], 1, out=out[:, full])
+        parts.append(diff[:, full * width :].amax(1, keepdim=True))
+    return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
 
 
 def flat_groups(
@@ -145,6 +172,14 @@ def flat_groups(
     return groups
 
 
+def whole_groups(candidates: torch.Tensor, base: torch.Tensor, layout: ParameterLayout) -> list[Group]:
+    """Every candidate as new values of every tensor, without comparing (for paths that write whole rows anyway)."""
+    if not candidates.shape[0]:
+        return []
+    values = {s: candidates[:, slot.start : slot.stop] for s, slot in enumerate(layout.slots)}
+    return [Group(base, candidates.shape[0], tuple(values), slice(0, candidates.shape[0]), values=values)]
+
+
 def _delta_parts(candidates, base, rows, cols: torch.Tensor, limit: float) -> list:
     """(rows, moved entries, differences) for ``rows``, whose changes lie in ``cols``: one part per set of
     entries moved when such sets repeat (blocks finer than a run), else one. Empty when the first row alone
@@ -175,6 +210,8 @@ def _true(mask: torch.Tensor) -> list[int]:
 
 def _rows(index: torch.Tensor) -> slice | torch.Tensor:
     """Sorted row indices as a slice when they are consecutive (views instead of gathers)."""
+    if not index.numel():
+        return slice(0, 0)
     first, last = int(index[0]), int(index[-1])
     return slice(first, last + 1) if last - first + 1 == index.numel() else index
 
