@@ -265,7 +265,11 @@ def path_cases(dtype, device, batch: int) -> list[PathCase]:
 
 
 def paths_benchmark(args, dtype, device, compiled: bool) -> dict:
-    """Every case through the naive loop, the flat entry ``evaluate`` and the structured entry ``evaluate_batch``."""
+    """Every case through the naive loop, the flat entry ``evaluate`` and the structured entry ``evaluate_batch``.
+
+    Timed beside them: the flat entry's analysis alone (``evaluator.analyse``) and one plain read of the
+    ``(C, n)`` candidates (``sum(1)``), the floor of any exact analysis.
+    """
     import warnings
 
     from polytope.evaluators import NNCostEvaluator
@@ -273,8 +277,8 @@ def paths_benchmark(args, dtype, device, compiled: bool) -> dict:
     rows = {}
     table = Table(title=f"candidate evaluation paths ({'compiled' if compiled else 'eager'}, {args.dtype}, {device}, "
                         f"{torch.get_num_threads()} thread(s); ms per call, median)")
-    for column in ("case", "candidates", "naive loop", "flat", "flat path", "structured", "structured path",
-                   "naive / flat", "naive / structured"):
+    for column in ("case", "candidates", "naive loop", "flat", "of which analysis", "reading (C, n)", "flat path", "structured",
+                   "structured path", "naive / flat", "naive / structured"):
         table.add_column(column)
     cases = [c for c in path_cases(dtype, device, args.batch) if not args.cases or any(part in c.name for part in args.cases)]
     if not cases:
@@ -288,6 +292,8 @@ def paths_benchmark(args, dtype, device, compiled: bool) -> dict:
         if case.batch is not None:
             evaluators["structured"] = NNCostEvaluator(case.model, case.loss, **options)
             entries["structured"] = lambda c=case, ev=evaluators["structured"]: ev.evaluate_batch(c.batch, c.inputs, c.targets)
+        entries["analysis"] = lambda c=case, ev=evaluators["flat"]: ev.analyse(c.flat)
+        entries["reading"] = lambda c=case: c.flat.sum(1)  # the floor of any exact analysis: every number read once
         expected = entries["naive loop"]()
         record = {"candidates": case.flat.shape[0], "paths": {}, "errors": {}}
         for entry, ev in evaluators.items():
@@ -308,8 +314,9 @@ def paths_benchmark(args, dtype, device, compiled: bool) -> dict:
         median = {entry: res.summary["median"] for entry, res in results.items()}
         paths = {entry: "+".join(sorted(counts)) for entry, counts in record["paths"].items()}
         ratios = {entry: f"{median['naive loop'] / median[entry]:.1f}x" for entry in evaluators}
-        table.add_row(case.name, str(record["candidates"]), ms(median["naive loop"]), ms(median["flat"]), paths["flat"],
-                      ms(median.get("structured")), paths.get("structured", "-"), ratios["flat"], ratios.get("structured", "-"))
+        table.add_row(case.name, str(record["candidates"]), ms(median["naive loop"]), ms(median["flat"]), ms(median["analysis"]),
+                      ms(median["reading"]), paths["flat"], ms(median.get("structured")), paths.get("structured", "-"),
+                      ratios["flat"], ratios.get("structured", "-"))
     Console(width=200).print(table)
     return {"cases": rows}
 

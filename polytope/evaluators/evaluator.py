@@ -157,16 +157,20 @@ class NNCostEvaluator:
         """
         if isinstance(candidates, CandidateBatch):
             return self.evaluate_batch(candidates, inputs, targets)
-        self._check_vector(candidates, "candidates", batched=True)
         self._check_inputs(inputs)
+        with torch.no_grad():
+            base, groups = self.analyse(candidates)
+            return self._run(groups, candidates.shape[0], base, inputs, targets)
+
+    def analyse(self, candidates: torch.Tensor) -> tuple[torch.Tensor, list[Group]]:
+        """(model parameters, groups): how ``evaluate`` splits flat candidates, without scoring them."""
+        self._check_vector(candidates, "candidates", batched=True)
         with torch.no_grad():
             base = self.layout.flatten(self.model)
             if self.use_inplace:  # written one at a time anyway: writing every tensor costs what comparing would
-                groups = whole_groups(candidates, base, self.layout)
-            else:
-                coordinates, fraction = self.delta_allowed, self.sparse_fraction  # per-entry changes serve the delta paths only
-                groups = flat_groups(candidates, base, self.layout, coordinates=coordinates, sparse_fraction=fraction)
-            return self._run(groups, candidates.shape[0], base, inputs, targets)
+                return base, whole_groups(candidates, base, self.layout)
+            coordinates, fraction = self.delta_allowed, self.sparse_fraction  # per-entry changes serve the delta paths only
+            return base, flat_groups(candidates, base, self.layout, coordinates=coordinates, sparse_fraction=fraction)
 
     def evaluate_batch(self, batch: CandidateBatch, inputs, targets) -> torch.Tensor:
         """(C,) losses of structured candidates, in group order, without building (C, n) on the fast paths."""
