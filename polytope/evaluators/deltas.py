@@ -156,14 +156,6 @@ class LinearChange:
             return torch.arange(out_features, device=device)
         return torch.unique(torch.cat(parts))
 
-    def fold_dense(self, weight: torch.Tensor) -> tuple[torch.Tensor, "LinearChange"]:
-        """(``weight`` plus the whole-weight terms, the other terms): for inputs that differ per candidate anyway."""
-        dense = [t for t in self.terms if isinstance(t, DenseTerm)]
-        if not dense:
-            return weight, self
-        rest = LinearChange([t for t in self.terms if not isinstance(t, DenseTerm)], self.pairs)
-        return weight + sum(t.values for t in dense), rest
-
     def correction(self, h: torch.Tensor, units: torch.Tensor, width: int) -> torch.Tensor:
         total = None
         for term in self.terms:

@@ -164,15 +164,10 @@ def _linear_stage(state, stage: LinearStage, wb, prefix_in, prefix_out, change, 
     if isinstance(state, Sparse):
         state = _dense(state, prefix_in, count)
     shared = state.dim() == 2
-    if not shared:  # per-candidate input: whole-weight changes join the weight (one batched matmul, not two)
-        folded, change = change.fold_dense(weight)
-        y = Replacement(folded, None).output(state, weight, bias)
-        if not change.terms:
-            return y
     units = change.units(stage.out_features, weight.device)
     if shared and 2 * units.numel() <= stage.out_features:  # shared input, few units touched: stay sparse
         return Sparse(units, prefix_out[..., units] + change.correction(state, units, stage.in_features))
-    y = prefix_out if shared else y
+    y = prefix_out if shared else F.linear(state, weight, bias)
     correction = change.correction(state, units, stage.in_features)
     if units.numel() == stage.out_features:  # every unit (units is sorted and unique): a plain broadcast add
         return y + correction
