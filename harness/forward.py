@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +41,8 @@ from .method import (
 
 console = Console()
 # Flags that only one mode reads: flag -> (mode, default).
-MODE_FLAGS = {"candidates": ("attention", 16), "seq": ("attention", [6, 64, 128]), "seeds": ("prefix", [0])}
+MODE_FLAGS = {"candidates": ("attention", 16), "seq": ("attention", [6, 64, 128]), "seeds": ("prefix", [0]),
+              "cases": ("profile", None)}
 
 
 def register(subparsers) -> None:
@@ -60,6 +62,8 @@ def register(subparsers) -> None:
                         help="candidates for --attention")
     parser.add_argument("--seq", type=cli.positive_int, nargs="+", default=MODE_FLAGS["seq"][1],
                         help="sequence lengths for --attention")
+    parser.add_argument("--cases", nargs="+", default=MODE_FLAGS["cases"][1],
+                        help="with --profile: only the path cases whose names contain one of these")
     parser.add_argument("--seeds", type=cli.nonneg_int, nargs="+", default=MODE_FLAGS["seeds"][1],
                         help="seeds for --prefix (median over all)")
     parser.add_argument("--threads", type=cli.positive_int, default=1, help="torch CPU threads")
@@ -79,7 +83,7 @@ def _mode(args) -> str:
                              + (f"; got {', '.join('--' + m for m in modes)}" if modes else ""))
     mode = "compile" if args.compile else modes[0]
     for flag, (owner, default) in MODE_FLAGS.items():
-        if getattr(args, flag) != default and mode != owner:
+        if getattr(args, flag) != default and modes[0] != owner:
             raise cli.UsageError(f"--{flag}", f"applies to --{owner} only, not --{mode}")
     return mode
 
@@ -150,93 +154,171 @@ def ms(seconds) -> str:
 
 
 # ----------------------------------------------------------------------------- paths
-def path_cases(dtype, device, batch: int) -> list[tuple]:
-    """(name, evaluator options, model, loss, inputs, targets, make candidates) per path."""
+class SelfAttention(nn.Module):
+    """One attention block and a linear head: the attention case of the path table."""
+
+    def __init__(self, width: int = 32, heads: int = 4, classes: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x):
+        b, length, width = x.shape
+        q, k, v = (t.reshape(b, length, self.heads, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        attended = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, length, width)
+        return self.head((x + self.proj(attended)).mean(1))
+
+
+class DataDependent(nn.Module):
+    """Python control flow on tensor values: cannot run under vmap (the sequential case)."""
+
+    def __init__(self, width_in: int = 16, hidden: int = 64, width_out: int = 4):
+        super().__init__()
+        self.body = mlp(width_in, hidden, width_out, layers=1)
+
+    def forward(self, x):
+        out = self.body(x)
+        return out * 2 if float(out.sum()) > 0 else out
+
+
+@dataclass
+class PathCase:
+    """One row of the path table: a model, its data, and candidates in both entry forms."""
+
+    name: str
+    model: nn.Module
+    loss: object
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    flat: torch.Tensor  # (C, n) candidates for ``evaluate``
+    batch: object = None  # the same candidates as a CandidateBatch for ``evaluate_batch`` (None: flat only)
+    options: dict = field(default_factory=dict)
+
+
+def path_cases(dtype, device, batch: int) -> list[PathCase]:
+    """The path table's cases, in the evaluator's selection order, and one row per model kind the tests cover."""
     from polytope.candidates import CandidateBatch, CandidateGroup
     from polytope.param_layout import ParameterLayout
     from polytope.subspaces import FactoredSubspace, HybridSubspace
 
     gen = torch.Generator().manual_seed(0)
-    net = mlp(16, 256, 4).to(device, dtype)
-    x = torch.randn(batch, 16, generator=gen).to(device, dtype)
-    y = torch.randn(batch, 4, generator=gen).to(device, dtype)
-    layout = ParameterLayout(net)
-    base = layout.flatten(net)
+
+    def data(*shape):
+        return torch.randn(*shape, generator=gen).to(device, dtype)
 
     def noise(*shape):
-        return (0.05 * torch.randn(*shape, generator=gen)).to(device, dtype)
+        return 0.05 * data(*shape)
 
-    def particles(size=64, count=128, blocks=4):
-        """Orthoplex-like dense probes inside a few 64-coordinate particles of the middle layer."""
-        start = layout.by_name["2.weight"].start
-        return CandidateBatch(base, [CandidateGroup(torch.arange(start + b * 1000, start + b * 1000 + size, device=device),
-                                                    noise(count, size))
-                                     for b in range(blocks)])
+    def blocks(model, name, size, count, number=1):
+        """Orthoplex-like probes: ``number`` blocks of ``size`` coordinates of one tensor, ``count`` candidates each."""
+        base = ParameterLayout(model).flatten(model)
+        slot = ParameterLayout(model).by_name[name]
+        step = max(size, (slot.numel - size) // max(number - 1, 1))
+        starts = [slot.start + b * step for b in range(number)]
+        groups = [CandidateGroup(torch.arange(a, a + size, device=device), noise(count, size)) for a in starts]
+        return CandidateBatch(base, groups)
+
+    def case(name, model, loss, x, y, batch_=None, flat=None, **options):
+        return PathCase(name, model, loss, x, y, batch_.materialize() if flat is None else flat, batch_, options)
+
+    net = mlp(16, 256, 4).to(device, dtype)
+    x, y = data(batch, 16), data(batch, 4)
+    layout = ParameterLayout(net)
+    base = layout.flatten(net)
 
     def subspace_batch(subspace):
         return CandidateBatch(base, [CandidateGroup(torch.arange(b.offset, b.offset + b.dim, device=device),
                                                     noise(2 * min(b.dim, 8), b.dim))
                                      for b in subspace.blocks], subspace)
 
+    dense = noise(64, layout.n)
+    everything = CandidateBatch(base, [CandidateGroup(torch.arange(layout.n, device=device), dense)])
     hybrid = HybridSubspace.from_layout(net, rank=8, max_subspace_dim=512)
-    factored = FactoredSubspace(net, rank=4)
+    last = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                         nn.Linear(256, 10)).to(device, dtype)
+    last_layout = ParameterLayout(last)
+    tail = torch.arange(last_layout.slots[-2].start, last_layout.n, device=device)
+    last_batch = CandidateBatch(last_layout.flatten(last), [CandidateGroup(tail, noise(256, tail.numel()))])
 
     conv = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
                          nn.Flatten(), nn.Linear(16 * 8 * 8, 10)).to(device, dtype)
-    cx = torch.randn(batch, 3, 8, 8, generator=gen).to(device, dtype)
-    cy = torch.randint(0, 10, (batch,), generator=gen).to(device)
-    clayout = ParameterLayout(conv)
-    cbase = clayout.flatten(conv)
-    c2 = clayout.by_name["2.weight"]
-
-    def conv_batch():
-        return CandidateBatch(cbase, [CandidateGroup(torch.arange(c2.start, c2.start + 64, device=device), noise(32, 64))])
-
+    attention = SelfAttention().to(device, dtype)
+    batchnorm = nn.Sequential(nn.Linear(16, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 4)).to(device, dtype).train()
+    datadep = DataDependent().to(device, dtype)
+    labels = torch.randint(0, 10, (batch,), generator=gen).to(device)
     return [
-        ("sparse_delta", {}, net, F.mse_loss, x, y, particles),
-        ("subspace_delta", {}, net, F.mse_loss, x, y, lambda: subspace_batch(hybrid)),
-        ("factored", {}, net, F.mse_loss, x, y, lambda: subspace_batch(factored)),
-        ("dense_bmm", {}, net, F.mse_loss, x, y, lambda: base + noise(64, layout.n)),
-        ("vmap", {"reuse": False}, net, F.mse_loss, x, y, particles),
-        ("inplace", {"use_inplace": True}, net, F.mse_loss, x, y, lambda: particles(count=16, blocks=2)),
-        ("site_vmap", {}, conv, F.cross_entropy, cx, cy, conv_batch),
+        case("inplace", net, F.mse_loss, x, y, blocks(net, "2.weight", 64, 8, number=2), use_inplace=True),
+        case("sparse_delta", net, F.mse_loss, x, y, blocks(net, "2.weight", 64, 128, number=4)),
+        case("subspace_delta", net, F.mse_loss, x, y, subspace_batch(hybrid)),
+        case("factored", net, F.mse_loss, x, y, subspace_batch(FactoredSubspace(net, rank=4))),
+        case("dense_bmm", net, F.mse_loss, x, y, everything, flat=base + dense),
+        case("last layer (issue 14)", last, F.cross_entropy, data(batch, 64), labels, last_batch),
+        case("vmap (reuse=False)", net, F.mse_loss, x, y, blocks(net, "2.weight", 64, 128, number=4), reuse=False),
+        case("site_vmap (CNN)", conv, F.cross_entropy, data(batch, 3, 8, 8), labels, blocks(conv, "2.weight", 64, 32)),
+        case("site_vmap (attention)", attention, F.cross_entropy, data(batch, 16, 32), labels % 4,
+             blocks(attention, "proj.weight", 64, 32)),
+        case("sequential (BatchNorm)", batchnorm, F.mse_loss, x, y, blocks(batchnorm, "3.weight", 64, 32)),
+        case("sequential (not vmappable)", datadep, F.mse_loss, x, y, blocks(datadep, "body.2.weight", 64, 32)),
     ]
 
 
 def paths_benchmark(args, dtype, device, compiled: bool) -> dict:
-    from polytope.candidates import CandidateBatch
+    """Every case through the naive loop, the flat entry ``evaluate`` and the structured entry ``evaluate_batch``.
+
+    Timed beside them: the flat entry's analysis alone (``evaluator.analyse``) and one plain read of the
+    ``(C, n)`` candidates (``sum(1)``), the floor of any exact analysis.
+    """
+    import warnings
+
     from polytope.evaluators import NNCostEvaluator
 
     rows = {}
     table = Table(title=f"candidate evaluation paths ({'compiled' if compiled else 'eager'}, {args.dtype}, {device}, "
-                        f"{torch.get_num_threads()} thread(s))")
-    for column in ("path", "candidates", "parity", "cold ms", "median ms", "IQR ms", "us/candidate", "top operator"):
+                        f"{torch.get_num_threads()} thread(s); ms per call, median)")
+    for column in ("case", "candidates", "naive loop", "flat", "of which analysis", "reading (C, n)", "flat path", "structured",
+                   "structured path", "naive / flat", "naive / structured"):
         table.add_column(column)
-    for name, options, model, loss, x, y, make in path_cases(dtype, device, args.batch):
-        candidates = make()
-        options = dict(options, compile_evaluator=compiled, compile_forward=compiled)
-        evaluator = NNCostEvaluator(model, loss, **options)
-        evaluate = evaluator.evaluate_batch if isinstance(candidates, CandidateBatch) else evaluator.evaluate
-        call = functools.partial(evaluate, candidates, x, y)
-        cold, got = timed(call, device)
-        if evaluator.last_path != name:
-            raise BenchmarkError(f"expected the {name} path, the evaluator ran {evaluator.last_path}")
-        flat = candidates.materialize() if isinstance(candidates, CandidateBatch) else candidates
-        error = check_parity(name, got, naive_losses(model, loss, flat, x, y), dtype)
-        result = run_variants({name: call}, repeats=args.repeats, warmup=args.warmup, device=device)[name]
-        result.first_call_s = cold
-        result.validation = {"relative_error": error}
-        operators = executed_operators(call, device)
-        result.extra = {"candidates": flat.shape[0], "operators": operators,
-                        "compiled_region_ran": any("compiled" in op["name"].lower() for op in operators)}
-        if device.type == "cuda":
-            result.peak_extra_bytes, _ = measure_cuda_peak(call, device)
-        rows[name] = result
-        median = result.summary["median"]
-        table.add_row(name, str(flat.shape[0]), f"{error:.1e}", ms(cold), ms(median), ms(result.summary["iqr"]),
-                      f"{1e6 * median / flat.shape[0]:.1f}", operators[0]["name"] if operators else "-")
-    console.print(table)
-    return {"variants": rows}
+    cases = [c for c in path_cases(dtype, device, args.batch) if not args.cases or any(part in c.name for part in args.cases)]
+    if not cases:
+        raise cli.UsageError("--cases", f"no path case matches {args.cases}; the cases are: "
+                                        f"{', '.join(case.name for case in path_cases(dtype, device, 1))}")
+    for case in cases:
+        options = dict(case.options, compile_evaluator=compiled, compile_forward=compiled)
+        entries = {"naive loop": lambda c=case: naive_losses(c.model, c.loss, c.flat, c.inputs, c.targets)}
+        evaluators = {"flat": NNCostEvaluator(case.model, case.loss, **options)}
+        entries["flat"] = lambda c=case, ev=evaluators["flat"]: ev.evaluate(c.flat, c.inputs, c.targets)
+        if case.batch is not None:
+            evaluators["structured"] = NNCostEvaluator(case.model, case.loss, **options)
+            entries["structured"] = lambda c=case, ev=evaluators["structured"]: ev.evaluate_batch(c.batch, c.inputs, c.targets)
+        entries["analysis"] = lambda c=case, ev=evaluators["flat"]: ev.analyse(c.flat)
+        entries["reading"] = lambda c=case: c.flat.sum(1)  # the floor of any exact analysis: every number read once
+        expected = entries["naive loop"]()
+        record = {"candidates": case.flat.shape[0], "paths": {}, "errors": {}}
+        for entry, ev in evaluators.items():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # the not-vmappable case warns once, by design
+                cold, got = timed(entries[entry], device)
+            record["paths"][entry] = dict(ev.path_counts)
+            record["errors"][entry] = check_parity(f"{case.name} ({entry} entry)", got, expected, dtype)
+            record[f"{entry}_cold_s"] = cold
+        results = run_variants(entries, repeats=args.repeats, warmup=args.warmup, device=device)
+        for entry, result in results.items():
+            if entry in evaluators:
+                result.extra = {"paths": record["paths"][entry], "operators": executed_operators(entries[entry], device)}
+                if device.type == "cuda":
+                    result.peak_extra_bytes, _ = measure_cuda_peak(entries[entry], device)
+        record["variants"] = results
+        rows[case.name] = record
+        median = {entry: res.summary["median"] for entry, res in results.items()}
+        paths = {entry: "+".join(sorted(counts)) for entry, counts in record["paths"].items()}
+        ratios = {entry: f"{median['naive loop'] / median[entry]:.1f}x" for entry in evaluators}
+        table.add_row(case.name, str(record["candidates"]), ms(median["naive loop"]), ms(median["flat"]), ms(median["analysis"]),
+                      ms(median["reading"]), paths["flat"], ms(median.get("structured")), paths.get("structured", "-"),
+                      ratios["flat"], ratios.get("structured", "-"))
+    Console(width=200).print(table)
+    return {"cases": rows}
 
 
 # ----------------------------------------------------------------------------- prefix

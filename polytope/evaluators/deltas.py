@@ -119,10 +119,14 @@ def sign_pairs(delta: torch.Tensor) -> SignPairs | None:
     count = delta.shape[0]
     if count < 2 or delta.shape[1] == 0:
         return None
+    sums = delta.sum(1)  # rows that are +- each other have +- the same sum (same numbers, same order): cheap screens
     half = count // 2
-    if 2 * half == count and torch.equal(delta[half:], -delta[:half]):  # the orthoplex's order: +v rows, then -v rows
+    # the orthoplex's order: +v rows, then -v rows
+    if 2 * half == count and torch.equal(sums[half:], -sums[:half]) and torch.equal(delta[half:], -delta[:half]):
         rows = torch.arange(count, device=delta.device)
         return SignPairs(rows[:half], rows % half, torch.where(rows < half, 1, -1), halves=True)
+    if 4 * torch.unique(sums.abs()).numel() > 3 * count:
+        return None
     lead = (delta != 0).to(torch.int8).argmax(1)
     signs = torch.where(delta.gather(1, lead[:, None])[:, 0] < 0, -1, 1)
     canonical, inverse = torch.unique(delta * signs[:, None].to(delta.dtype), dim=0, return_inverse=True)

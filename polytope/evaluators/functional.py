@@ -4,7 +4,8 @@
 ``vmap`` only the replaced (candidate) tensors carry a batch dimension, so
 every operation that does not depend on them (the prefix before the changed
 site) runs once, unbatched, and only the changed site and what follows it run
-per candidate. When nothing can be vmapped, candidates run one at a time.
+per candidate. (When nothing can be vmapped, the sequential path runs the
+candidates one at a time in the model's own tensors: ``inplace.py``.)
 """
 from __future__ import annotations
 
@@ -26,16 +27,6 @@ def vmap_forward(model: nn.Module, fixed: dict, varying: dict, inputs) -> torch.
         return functional_call(model, {**fixed, **params}, as_args(inputs))
 
     return torch.func.vmap(one)(varying)
-
-
-def sequential_losses(model: nn.Module, fixed: dict, varying: dict, inputs, single_loss) -> torch.Tensor:
-    """One functional forward per candidate; ``single_loss(outputs)`` -> scalar."""
-    count = next(iter(varying.values())).shape[0]
-    losses = []
-    for c in range(count):
-        params = {name: value[c] for name, value in varying.items()}
-        losses.append(single_loss(functional_call(model, {**fixed, **params}, as_args(inputs))))
-    return torch.stack(losses)
 
 
 @contextmanager

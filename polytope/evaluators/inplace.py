@@ -54,18 +54,25 @@ def inplace_losses(
     (C, k)): candidate c has ``values[c]`` at those entries of that parameter.
     """
     with parameters_swapped(model) as params, torch.no_grad():
-        for slot_id, _, _ in writes:
-            if not params[slot_id].is_contiguous():
-                raise ValueError(f"use_inplace needs contiguous parameters; {layout.slots[slot_id].name} is not")
         if not torch.equal(layout.flatten(model), base):
             write_flat(params, base)
+        setters = [(_setter(params[slot], local), values) for slot, local, values in writes]
         losses = []
         for c in range(count):
-            for slot_id, local, values in writes:
-                flat = params[slot_id].view(-1)
-                if local is None:
-                    flat.copy_(values[c])
-                else:
-                    flat[local] = values[c]
+            for setter, values in setters:
+                setter(values[c])
             losses.append(forward_loss().reshape(()))
     return torch.stack(losses) if losses else base.new_empty(0)
+
+
+def _setter(param: torch.Tensor, local: torch.Tensor | None):
+    """A function writing one candidate's values into ``param`` (whole, or at flat offsets ``local``), whatever its strides."""
+    if local is None:
+        def write(values):
+            param.copy_(values.reshape(param.shape))
+    else:
+        target, where = (param.view(-1), local) if param.is_contiguous() else (param, torch.unravel_index(local, param.shape))
+
+        def write(values):
+            target[where] = values
+    return write

@@ -17,6 +17,8 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def _promote(outputs):
+    if isinstance(outputs, torch.Tensor):  # the common case, without a tree walk
+        return outputs.float() if outputs.dtype in LOW_PRECISION else outputs
     return tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype in LOW_PRECISION else t, outputs)
 
 

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..param_layout import ParameterLayout
-from .contracts import ELEMENTWISE, LINEAR, contracts_of
 from ..subspaces import EntryBlock
+from .contracts import ELEMENTWISE, LINEAR, contracts_of
 from .deltas import FactoredTerm, LinearChange, Replacement, entry_terms, sign_pairs
 
 
@@ -161,10 +161,10 @@ def _linear_stage(state, stage: LinearStage, wb, prefix_in, prefix_out, change, 
             diff = state.values - prefix_in[..., state.units]
             return prefix_out + diff @ weight[:, state.units].T
         return F.linear(state, weight, bias)
-    units = change.units(stage.out_features, weight.device)
     if isinstance(state, Sparse):
         state = _dense(state, prefix_in, count)
     shared = state.dim() == 2
+    units = change.units(stage.out_features, weight.device)
     if shared and 2 * units.numel() <= stage.out_features:  # shared input, few units touched: stay sparse
         return Sparse(units, prefix_out[..., units] + change.correction(state, units, stage.in_features))
     y = prefix_out if shared else F.linear(state, weight, bias)
@@ -196,6 +196,14 @@ def mlp_outputs(plan: MLPPlan, prefix: PrefixCache, changes: dict, count: int) -
     return out.reshape(count, *prefix.lead, out.shape[-1])
 
 
+def _columns(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``values[:, positions]`` for sorted unique ``positions``: a view when they are consecutive (the usual case)."""
+    first, last = int(positions[0]), int(positions[-1])
+    if last - first + 1 == positions.numel():
+        return values[:, first : last + 1]
+    return values.index_select(1, positions)
+
+
 def _paired(delta: torch.Tensor, build) -> dict:
     """``build(values)`` -> changes; values reduced to sign-pair representatives when one layer changes."""
     pairs = sign_pairs(delta)
@@ -207,16 +215,15 @@ def _paired(delta: torch.Tensor, build) -> dict:
     return build(delta)
 
 
-def group_changes(plan: MLPPlan, layout: ParameterLayout, index: torch.Tensor, delta: torch.Tensor) -> dict:
-    """Full-space group (flat ``index``, ``delta`` (C, k)) -> per-stage ``LinearChange``."""
-    split = layout.split(index)
+def group_changes(plan: MLPPlan, split: dict, delta: torch.Tensor) -> dict:
+    """Full-space group (``delta`` (C, k) on coordinates grouped by ``ParameterLayout.split``) -> per-stage ``LinearChange``."""
 
     def build(values):
         changes: dict[int, LinearChange] = {}
         for slot_id, (positions, local) in split.items():
             stage_id, is_weight = plan.owner[slot_id]
             stage = plan.stages[stage_id]
-            columns = values if positions.numel() == values.shape[1] else values[:, positions]  # positions: sorted, unique
+            columns = _columns(values, positions)
             terms = entry_terms(local, columns, is_weight, stage.out_features, stage.in_features)
             changes.setdefault(stage_id, LinearChange()).terms.extend(terms)
         return changes
@@ -224,9 +231,8 @@ def group_changes(plan: MLPPlan, layout: ParameterLayout, index: torch.Tensor, d
     return _paired(delta, build)
 
 
-def subspace_changes(plan: MLPPlan, subspace, index: torch.Tensor, delta: torch.Tensor) -> dict:
-    """Block-subspace group -> per-stage ``LinearChange`` (entries sparse, factored blocks factored)."""
-    split = subspace.split(index)
+def subspace_changes(plan: MLPPlan, subspace, split: dict, delta: torch.Tensor) -> dict:
+    """Block-subspace group (coordinates grouped by ``subspace.split``) -> per-stage ``LinearChange``."""
 
     def build(values):
         changes: dict[int, LinearChange] = {}
@@ -236,9 +242,9 @@ def subspace_changes(plan: MLPPlan, subspace, index: torch.Tensor, delta: torch.
             if isinstance(block, EntryBlock):
                 local = block.entries.to(coords.device)[coords]
                 stage = plan.stages[stage_id]
-                terms = entry_terms(local, values[:, positions], is_weight, stage.out_features, stage.in_features)
+                terms = entry_terms(local, _columns(values, positions), is_weight, stage.out_features, stage.in_features)
             else:
-                terms = [FactoredTerm(*block.factors(coords, values[:, positions]))]
+                terms = [FactoredTerm(*block.factors(coords, _columns(values, positions)))]
             changes.setdefault(stage_id, LinearChange()).terms.extend(terms)
         return changes
 

@@ -1,7 +1,9 @@
 """Every evaluation path against naive per-candidate functional_call forwards."""
 from __future__ import annotations
 
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,11 +13,14 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.func import functional_call
 
-import polytope.evaluators.evaluator as evaluator_module
+import polytope.evaluators.flat as flat_module
+import polytope.evaluators.paths as paths_module
 from polytope.candidates import CandidateBatch, CandidateGroup
-from polytope.evaluators import NNCostEvaluator, contracts_of, parameters_swapped
+from polytope.evaluators import PATHS, NNCostEvaluator, contracts_of, parameters_swapped
 from polytope.evaluators.chunking import estimate_chunk, is_out_of_memory
 from polytope.evaluators.deltas import sign_pairs
+from polytope.evaluators.flat import Runs, compare, flat_groups
+from polytope.evaluators.paths import STRATEGIES
 from polytope.param_layout import ParameterLayout
 from polytope.subspaces import FactoredSubspace, HybridSubspace
 
@@ -154,6 +159,7 @@ def structured_batch(layout: ParameterLayout, base: torch.Tensor) -> CandidateBa
         CandidateGroup(torch.zeros(0, dtype=torch.long), base.new_zeros(1, 0)),  # the incumbent
         CandidateGroup(torch.arange(layout.slots[2].start, layout.slots[2].stop), torch.cat([pair, -pair, pair])),  # +- pairs
         CandidateGroup(torch.arange(first.start, first.stop), torch.cat([frame, -frame])),  # a whole tensor, orthoplex order
+        CandidateGroup(torch.arange(layout.n), noise(3, layout.n)),  # every tensor, whole
     ]
     return CandidateBatch(base, groups)
 
@@ -194,9 +200,12 @@ def test_structured_candidates_match_naive(model_kind, chunk_size):
     ev = NNCostEvaluator(model, loss, chunk_size=chunk_size)
     got = ev.evaluate_batch(batch, x, y)
     assert rel_err(got, naive(model, loss, batch.materialize(), x, y)) < 1e-10
-    expected = "sparse_delta" if model_kind in SEQUENTIAL_MLPS else "site_vmap"
-    assert set(ev.path_counts) == {expected}
-    assert ev.path_counts[expected] == batch.count
+    everything = batch.groups[-1].count  # the group that moves every tensor
+    if model_kind in SEQUENTIAL_MLPS:
+        expected = {"sparse_delta": batch.count}
+    else:
+        expected = {"site_vmap": batch.count - everything, "vmap": everything}
+    assert ev.path_counts == expected
     assert torch.equal(layout.flatten(model), base)
 
 
@@ -311,6 +320,181 @@ def test_sign_pairs_found_and_expanded_exactly():
     assert halves is not None and halves.halves and torch.equal(halves.select(torch.cat([d, -d])), d)
     correction = torch.randn(3, 2, 5, dtype=F64)
     assert torch.equal(halves.expand(correction), torch.cat([correction, -correction]))
+
+
+# ------------------------------------------------------------------- flat candidates
+class BatchNormNet(nn.Sequential):
+    """Training-mode BatchNorm: declared sequential, never vmapped."""
+
+    def __init__(self):
+        super().__init__(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Tanh(), nn.Linear(4, 2))
+
+
+def all_kinds_case(kind: str, dtype=F64):
+    """make_case plus the two models that take the sequential path."""
+    if kind not in ("batchnorm", "data_dependent"):
+        return make_case(kind, dtype)
+    torch.manual_seed(2)
+    model = (BatchNormNet().train() if kind == "batchnorm" else DataDependent()).to(dtype)
+    return model, torch.randn(6, 3, dtype=dtype), torch.randn(6, 2, dtype=dtype), F.mse_loss
+
+
+ALL_KINDS = SEQUENTIAL_MLPS + GENERIC + ("batchnorm", "data_dependent")
+
+
+def mixed_candidates(layout: ParameterLayout, base: torch.Tensor) -> torch.Tensor:
+    """Flat candidates of every kind, shuffled: equal to the model, a few entries of one tensor (shared by
+    three rows, as a block would be), entries of two tensors, a whole tensor, every entry."""
+    gen = torch.Generator().manual_seed(7)
+    noise = lambda *shape: 0.3 * torch.randn(*shape, generator=gen, dtype=base.dtype)  # noqa: E731
+    first, last = layout.slots[0], layout.slots[-2]
+    rows = [base.clone() for _ in range(8)]
+    for r in rows[1:4]:
+        r[first.start : first.start + 3] += noise(3)
+    rows[4][[first.start + 5, last.start + 1]] += noise(2)
+    rows[5][last.start : last.stop] += noise(last.numel)
+    rows[6] += noise(layout.n)
+    return torch.stack(rows)[torch.randperm(len(rows), generator=gen)]
+
+
+@pytest.mark.parametrize("chunk_size", [None, 2])
+@pytest.mark.parametrize("model_kind", ALL_KINDS)
+def test_flat_mixes_match_naive(model_kind, chunk_size):
+    """Every kind of change in one call, in shuffled order: losses in the caller's order, every candidate scored once."""
+    model, x, y, loss = all_kinds_case(model_kind)
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    cand = mixed_candidates(layout, base)
+    ev = NNCostEvaluator(model, loss, chunk_size=chunk_size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the data-dependent model warns once about vmap
+        got = ev.evaluate(cand, x, y)
+    assert rel_err(got, naive(model, loss, cand, x, y)) < 1e-10
+    assert sum(ev.path_counts.values()) == cand.shape[0]
+    if model_kind == "batchnorm":
+        assert set(ev.path_counts) == {"sequential"}
+    if model_kind == "data_dependent":  # the candidates equal to the model need one plain forward, no vmap
+        assert ev.path_counts["sequential"] == cand.shape[0] - 2
+    assert torch.equal(layout.flatten(model), base)
+
+
+def test_flat_analysis_groups_by_changed_tensors_and_entries():
+    model, *_ = make_case("mlp")
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    cand = mixed_candidates(layout, base)
+    groups = flat_groups(cand, base, layout, coordinates=True, sparse_fraction=0.125)
+    rows = torch.cat([torch.arange(cand.shape[0])[g.rows] for g in groups])
+    assert sorted(rows.tolist()) == list(range(cand.shape[0]))  # a partition of the candidates
+    for g in groups:
+        members = torch.arange(cand.shape[0])[g.rows]
+        moved = (cand[members] != base).any(0)
+        touched = sorted({int(i) for i in layout.slot_ids(torch.nonzero(moved).flatten())})
+        assert list(g.slots) == touched
+        if not g.slots:  # the two candidates equal to the model
+            assert g.count == 2 and g.is_delta and g.index.numel() == 0
+        elif g.is_delta:  # exactly the moved entries, and the candidates' own differences
+            assert torch.equal(g.index, torch.nonzero(moved).flatten())
+            assert torch.equal(base[g.index] + g.delta, cand[members][:, g.index])
+        else:  # a whole tensor or everything: the candidates' own numbers
+            for s, v in g.values.items():
+                assert torch.equal(v, cand[members][:, layout.slots[s].start : layout.slots[s].stop])
+    forms = sorted((len(g.slots), g.count, g.is_delta) for g in groups)
+    assert forms == [(0, 2, True), (1, 1, False), (1, 3, True), (2, 1, True), (6, 1, False)]
+
+
+def test_flat_candidates_take_the_structured_paths():
+    """A CandidateBatch materialized: the flat analysis recovers its groups and runs the same paths."""
+    model, x, y, loss = make_case("mlp")
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    gen = torch.Generator().manual_seed(8)
+    groups = []
+    for start in (0, 10, 20, layout.slots[2].start + 3):  # blocks of 4 entries, orthoplex +- pairs, two radii
+        d = 0.1 * torch.randn(3, 4, generator=gen, dtype=F64)
+        groups.append(CandidateGroup(torch.arange(start, start + 4), torch.cat([d, -d, 2 * d, -2 * d])))
+    batch = CandidateBatch(base, groups)
+    flat = batch.materialize()
+    found = sorted(flat_groups(flat, base, layout, coordinates=True, sparse_fraction=0.125), key=lambda g: int(g.index[0]))
+    assert [(g.index.tolist(), g.count) for g in found] == [(g.index.tolist(), g.count) for g in groups]
+    assert all(rel_err(f.delta, g.delta) < 1e-12 for f, g in zip(found, groups))
+    structured, plain = NNCostEvaluator(model, loss), NNCostEvaluator(model, loss)
+    expected = naive(model, loss, flat, x, y)
+    assert rel_err(structured.evaluate_batch(batch, x, y), expected) < 1e-10
+    assert rel_err(plain.evaluate(flat, x, y), expected) < 1e-10
+    assert structured.path_counts == plain.path_counts == {"sparse_delta": batch.count}
+
+
+def test_flat_analysis_in_pieces_matches_whole(monkeypatch):
+    """Matrices larger than one piece are compared piece by piece: same findings, same losses."""
+    model, x, y, loss = make_case("mlp")
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    cand = mixed_candidates(layout, base)
+    runs = Runs(layout, 4, base.device)
+    whole = compare(cand, base, layout, runs)
+    monkeypatch.setattr(flat_module, "CPU_PIECE", 16)  # 16 numbers per piece: every tensor in several pieces
+    monkeypatch.setattr(flat_module, "SAMPLE", 4)
+    pieces = compare(cand, base, layout, runs)
+    assert torch.equal(whole[0] != 0, pieces[0] != 0)  # the same changed tensors
+    for s, slot in enumerate(layout.slots):  # a tensor a candidate moves everywhere is settled by the sample: all its runs marked
+        dense = (cand[:, slot.start : slot.stop] != base[slot.start : slot.stop]).all(1)
+        own = slice(runs.offsets[s], runs.offsets[s + 1])
+        assert torch.equal(pieces[1][~dense, own], whole[1][~dense, own]) and bool((pieces[1][dense, own] != 0).all())
+    moved = (cand - base).abs()
+    for s, slot in enumerate(layout.slots):  # the reference: plain reductions of the whole difference
+        assert torch.equal(whole[0][:, s], moved[:, slot.start : slot.stop].amax(1))
+        for r in range(runs.offsets[s], runs.offsets[s + 1]):
+            assert torch.equal(whole[1][:, r], moved[:, runs.starts[r] : runs.stops[r]].amax(1))
+    assert rel_err(NNCostEvaluator(model, loss).evaluate(cand, x, y), naive(model, loss, cand, x, y)) < 1e-10
+
+
+def test_nan_entries_count_as_changes():
+    model, x, y, loss = make_case("mlp")
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    cand = base.repeat(3, 1)
+    cand[1, 4] = float("nan")
+    cand[2, 7] += 0.5
+    got = NNCostEvaluator(model, loss).evaluate(cand, x, y)
+    expected = naive(model, loss, cand, x, y)
+    assert torch.isnan(got[1]) and torch.isnan(expected[1])
+    assert rel_err(got[[0, 2]], expected[[0, 2]]) < 1e-10
+
+
+@pytest.mark.parametrize("model_kind", ["mlp", "conv", "batchnorm"])
+def test_zero_candidates_give_an_empty_tensor(model_kind):
+    model, x, y, loss = all_kinds_case(model_kind)
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    ev = NNCostEvaluator(model, loss)
+    for got in (ev.evaluate(base.new_zeros(0, layout.n), x, y), ev.evaluate_batch(CandidateBatch(base, []), x, y)):
+        assert got.shape == (0,) and got.dtype == F64
+    assert not ev.path_counts
+
+
+def test_path_order_is_the_documented_table():
+    """The strategies run in the order of the path table in docs/performance.md."""
+    assert [path.name for path in STRATEGIES] == list(PATHS)
+    page = (Path(__file__).parents[2] / "docs" / "performance.md").read_text()
+    table = page.split("### Paths", 1)[1].split("\n\n|", 1)[1].split("\n\n", 1)[0]
+    documented = re.findall(r"^\| `(\w+)` \|", table, flags=re.MULTILINE)
+    assert documented == list(PATHS)
+
+
+def test_inplace_writes_into_non_contiguous_parameters():
+    model, x, y, loss = make_case("mlp")
+    with torch.no_grad():
+        model[0].weight = nn.Parameter(model[0].weight.detach().T.contiguous().T)  # same values, transposed strides
+    assert not model[0].weight.is_contiguous()
+    layout = ParameterLayout(model)
+    base = layout.flatten(model)
+    batch = structured_batch(layout, base)
+    for options in ({"use_inplace": True}, {}):
+        ev = NNCostEvaluator(model, loss, **options)
+        assert rel_err(ev.evaluate_batch(batch, x, y), naive(model, loss, batch.materialize(), x, y)) < 1e-10
+        assert rel_err(ev.evaluate(batch.materialize(), x, y), naive(model, loss, batch.materialize(), x, y)) < 1e-10
+    assert torch.equal(layout.flatten(model), base)
 
 
 # ------------------------------------------------------------------- path selection
@@ -437,8 +621,8 @@ def test_automatic_chunk_from_memory_budget():
     cand = flat_candidates(layout, layout.flatten(model), "dense")
     calls = []
     ev = NNCostEvaluator(model, loss, memory_budget=1)
-    original = ev._vmap_site.fn
-    ev._vmap_site.fn = lambda *a: calls.append(1) or original(*a)
+    original = ev.vmap_site.fn
+    ev.vmap_site.fn = lambda *a: calls.append(1) or original(*a)
     got = ev.evaluate(cand, x, y)
     assert len(calls) == cand.shape[0]  # a one-byte budget: one candidate per chunk
     assert rel_err(got, naive(model, loss, cand, x, y)) < 1e-10
@@ -448,7 +632,7 @@ def test_out_of_memory_retries_with_smaller_chunk(monkeypatch):
     model, x, y, loss = make_case("mlp")
     layout = ParameterLayout(model)
     batch = structured_batch(layout, layout.flatten(model))
-    real = evaluator_module.mlp_outputs
+    real = paths_module.mlp_outputs
     sizes = []
 
     def limited(plan, prefix, changes, count):
@@ -457,7 +641,7 @@ def test_out_of_memory_retries_with_smaller_chunk(monkeypatch):
             raise torch.OutOfMemoryError("out of memory (simulated)")
         return real(plan, prefix, changes, count)
 
-    monkeypatch.setattr(evaluator_module, "mlp_outputs", limited)
+    monkeypatch.setattr(paths_module, "mlp_outputs", limited)
     ev = NNCostEvaluator(model, loss, chunk_size=8)
     with pytest.warns(UserWarning, match="chunk_size=5; retrying with chunk_size=2"):
         got = ev.evaluate_batch(batch, x, y)
@@ -497,7 +681,7 @@ def test_compiled_dense_path_matches():
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="compiling the")  # compilation must really succeed
         got = ev.evaluate(cand, x, y)
-    assert ev.last_path == "dense_bmm" and ev._dense_site.active
+    assert ev.last_path == "dense_bmm" and ev.dense_site.active
     assert rel_err(got, naive(model, loss, cand, x, y)) < 1e-5
 
 
@@ -524,10 +708,17 @@ def test_bad_arguments_name_themselves():
     layout = ParameterLayout(model)
     base = layout.flatten(model)
     ev = NNCostEvaluator(model, loss)
-    with pytest.raises(ValueError, match="candidates must have shape"):
+    expected = rf"candidates must be a \(C, {layout.n}\) tensor of torch.float64 on cpu"
+    with pytest.raises(ValueError, match=expected + ".*got shape \\(111,\\)"):
         ev.evaluate(base, x, y)
-    with pytest.raises(TypeError, match="candidates must match"):
+    with pytest.raises(ValueError, match=expected + ".*got shape \\(2, 110\\)"):
+        ev.evaluate(base[None, :-1].expand(2, -1), x, y)
+    with pytest.raises(TypeError, match=expected + ".*got torch.float32 on cpu"):
         ev.evaluate(base.float()[None], x, y)
+    with pytest.raises(TypeError, match=expected + ".*got list"):
+        ev.evaluate(base.tolist(), x, y)
+    with pytest.raises(ValueError, match=rf"batch.base must be a \({layout.n},\) tensor"):
+        ev.evaluate_batch(CandidateBatch(base[:-1], []), x, y)
     with pytest.raises(ValueError, match="inputs must be a tensor whose last dimension is 5"):
         ev.evaluate(base[None], x[:, :4], y)
     with pytest.raises(TypeError, match="batch must be a CandidateBatch"):
