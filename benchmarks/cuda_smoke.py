@@ -67,6 +67,21 @@ check("lse/min/kmin f64", lambda: max(
     rel((-f).logsumexp(1, backend="eager"), torch.logsumexp(-torch.cdist(x, y) ** 2, 1, keepdim=True)),
     rel(f.min(1, backend="eager").squeeze(-1), (torch.cdist(x, y) ** 2).min(1).values),
     rel(f.kmin(3, 1, backend="eager"), (torch.cdist(x, y) ** 2).topk(3, 1, largest=False).values)), 1e-9)
+
+
+def second_order():
+    """Gradient of a gradient norm and a torch.func Hessian (reverse over reverse), streamed vs dense."""
+    xs, ys, bs = x[:50].detach().requires_grad_(), y[:60].detach(), b[:60].detach()
+    outs = []
+    for f in (lambda: lt.rbf_matmul(xs, ys, bs, 0.5, backend="eager"), lambda: lt.rbf_matmul(xs, ys, bs, 0.5, impl="dense")):
+        (g,) = torch.autograd.grad(f().pow(2).sum(), xs, create_graph=True)
+        outs.append(torch.autograd.grad(g.pow(2).sum(), xs)[0])
+    h = [torch.func.jacrev(torch.func.grad(lambda z, impl=impl: lt.rbf_matmul(z, ys, bs, 0.5, impl=impl).sum()))(xs[:5].detach())
+         for impl in ("streamed", "dense")]
+    return max(rel(outs[0], outs[1]), rel(h[0], h[1]))
+
+
+check("second order + torch.func f64", second_order, 1e-9)
 x32, y32, b32 = (t.detach().float().requires_grad_() for t in (x, y, b))
 check("rbf_matmul compiled f32", lambda: grads_match(lambda: lt.rbf_matmul(x32, y32, b32, 0.5, backend="compiled"),
                                                     lambda: lt.rbf_matmul(x32, y32, b32, 0.5, impl="dense"),

@@ -34,6 +34,7 @@ from .reductions.softmax import finite, merge
 TILE_BUDGET_BYTES = 2 << 20
 KEY_BLOCK = 512
 MIN_QUERY_BLOCK = 16
+CUDA_TILE_BUDGET_BYTES, CUDA_KEY_BLOCK = 256 << 20, 4096  # a GPU needs big tiles to fill its cores
 # Fused tiles block their work internally: large square tiles (no causal tile has a query
 # without keys) keep the per-tile overhead small.
 FUSED_BLOCK = 1024
@@ -108,8 +109,10 @@ class _Tiles:
         elif self.fused:
             rows = cols = FUSED_BLOCK
         else:
-            cols = max(1, min(self.S, KEY_BLOCK))
-            rows = max(MIN_QUERY_BLOCK, TILE_BUDGET_BYTES // (max(groups, 1) * cols * q.element_size()))
+            gpu = q.device.type == "cuda"
+            cols = max(1, min(self.S, CUDA_KEY_BLOCK if gpu else KEY_BLOCK))
+            budget = CUDA_TILE_BUDGET_BYTES if gpu else TILE_BUDGET_BYTES
+            rows = max(MIN_QUERY_BLOCK, budget // (max(groups, 1) * cols * q.element_size()))
         self.rows, self.cols = max(1, min(rows, self.L)), max(1, min(cols, self.S))  # empty L or S: no tiles
 
     def blocks(self):

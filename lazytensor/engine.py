@@ -33,6 +33,11 @@ TILE_BUDGET_BYTES = 8 << 20
 MAX_TILE_COLS = 1024
 MAX_TILE_ROWS = 1024
 MIN_TILE = 16
+# A GPU needs far larger tiles to fill its cores and amortise each launch: 4096 x 16384 pairs
+# (256 MiB per float32 intermediate; eager tiles within 1 GiB for the widest one).
+CUDA_PAIRS_PER_TILE = 1 << 26
+CUDA_TILE_BUDGET_BYTES = 1 << 30
+CUDA_MAX_TILE = 16384
 # Below this many pairs the eager lowering beats compilation time ("auto").
 AUTO_COMPILE_MIN_PAIRS = 1 << 22
 BACKENDS = ("auto", "compiled", "eager")
@@ -135,12 +140,14 @@ def plan_tiles(problem: Problem, consumers, chunk_size, compiled: bool) -> TileP
     if given is not None:
         rows, cols = given
     else:
-        cols = min(MAX_TILE_COLS, bucket(m))
-        pairs = PAIRS_PER_TILE // problem.batch
+        gpu = problem.device.type == "cuda"
+        cols = min(CUDA_MAX_TILE if gpu else MAX_TILE_COLS, bucket(m))
+        pairs = (CUDA_PAIRS_PER_TILE if gpu else PAIRS_PER_TILE) // problem.batch
         if not compiled:
             width = max([v.dim for v in problem.info.values()] + [c.dim for c in consumers] + [1])
-            pairs = min(pairs, TILE_BUDGET_BYTES // (problem.dtype.itemsize * (width + 2)))
-        rows = max(MIN_TILE, min(MAX_TILE_ROWS, pairs // cols))
+            budget = CUDA_TILE_BUDGET_BYTES if gpu else TILE_BUDGET_BYTES
+            pairs = min(pairs, budget // (problem.dtype.itemsize * (width + 2)))
+        rows = max(MIN_TILE, min(CUDA_MAX_TILE if gpu else MAX_TILE_ROWS, pairs // cols))
         rows = 1 << round(math.log2(rows))  # the nearest power of two: within a factor sqrt(2) of the budget
     if compiled:
         return TilePlan(min(rows, bucket(n)), min(cols, bucket(m)))
