@@ -139,6 +139,9 @@ def plan_tiles(problem: Problem, consumers, chunk_size, compiled: bool) -> TileP
     given = check_chunk_size(chunk_size)
     if given is not None:
         rows, cols = given
+    elif problem.device.type == "cpu" and any(c.tile_hint for c in consumers):
+        hints = [c.tile_hint for c in consumers if c.tile_hint]
+        rows, cols = max(h[0] for h in hints), max(h[1] for h in hints)
     else:
         gpu = problem.device.type == "cuda"
         cols = min(CUDA_MAX_TILE if gpu else MAX_TILE_COLS, bucket(m))

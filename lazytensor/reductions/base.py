@@ -43,6 +43,15 @@ def column_side(t):
     return t[:, 0] if isinstance(t, torch.Tensor) and t.dim() == 4 else t
 
 
+def ordered_keys(f: torch.Tensor) -> torch.Tensor:
+    """Integers ordered like the floats ``f`` (negatives: magnitude bits flipped; positive NaN above +inf).
+
+    """
+    itype, top = (torch.int32, 31) if f.dtype == torch.float32 else (torch.int64, 63)
+    bits = f.contiguous().view(itype)
+    return bits ^ ((bits >> top) & ((1 << top) - 1))
+
+
 class Consumer:
     """Folds tiles into state; see the module docstring."""
 
@@ -50,6 +59,7 @@ class Consumer:
     expressions: list[sympy.Expr]
     signature: tuple
     dim: int  # channels of the widest output (sizes the tile budget)
+    tile_hint: tuple[int, int] | None = None  # (rows, cols) measured best on CPU, where the pair budget is not
 
     def partial(self, values, mask):
         raise NotImplementedError

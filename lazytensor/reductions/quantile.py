@@ -36,18 +36,11 @@ import sympy
 import torch
 
 from .. import engine, ir
-from .base import Consumer, Reduction, channels_at_selection, select_channels
+from .base import Consumer, Reduction, channels_at_selection, ordered_keys, select_channels
 
 BITS = 11
 BUCKETS = 1 << BITS
 CANDIDATES = 64
-
-
-def _ordered_keys(f: torch.Tensor) -> torch.Tensor:
-    """Integers ordered like the floats ``f`` (negatives: magnitude bits flipped)."""
-    itype, top = (torch.int32, 31) if f.dtype == torch.float32 else (torch.int64, 63)
-    bits = f.contiguous().view(itype)
-    return bits ^ ((bits >> top) & ((1 << top) - 1))
 
 
 def _by_target(t: torch.Tensor, channels: int) -> torch.Tensor:
@@ -81,7 +74,7 @@ class Histogram(_PerTarget):
     def partial(self, values, mask):
         f, base, need, shift = values
         mask = mask > 0
-        keys = _ordered_keys(torch.where(mask, f, 0.0)).transpose(2, 3).unsqueeze(2)  # (B, n, 1, C, m)
+        keys = ordered_keys(torch.where(mask, f, 0.0)).transpose(2, 3).unsqueeze(2)  # (B, n, 1, C, m)
         d = (keys >> shift) - _by_target(base, self.channels)
         inside = (d >= 0) & (d < BUCKETS) & mask.view(1, 1, 1, 1, -1)
         index = torch.where(inside, d + 1, 0).flatten(2, 3).long()  # slot 0 collects the rest
@@ -120,7 +113,7 @@ class Candidates(_PerTarget):
         f, low, high, need = values
         mask = mask > 0
         f = torch.where(mask, f, math.nan).repeat(1, 1, 1, self.ranks)  # (B, n, m, R*C)
-        keys = _ordered_keys(f)
+        keys = ordered_keys(f)
         real = ~torch.isnan(f)
         inside = (keys >= low) & (keys <= high) & real
         chosen = torch.where(inside, f, math.nan)  # NaN sorts last: outsiders are never picked

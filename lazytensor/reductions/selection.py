@@ -3,9 +3,16 @@
 Their values are the formula at the selected pairs, so their derivatives are
 the formula's derivatives at those pairs only (``select_channels``,
 ``channels_at_selection``). Ties go to the lowest index, in values and in
-order, as ``torch.argmin`` and KeOps do: within a tile the k-th value's ties
-are taken in index order, and blocks are merged by a stable sort of the
-running selection (lower indices) followed by the new block.
+order, as ``torch.argmin`` and KeOps do.
+
+k-min selects within a tile in two stages (inside the compiled tile
+function): the minimum of each group of ``GROUP`` consecutive columns (one
+vectorized pass over the tile, fused with the formula), the k groups with the
+smallest minima (ties to the lower group), then a stable sort of those k
+groups' entries in column order. The k smallest entries always lie in those
+groups: an entry outside them is preceded, in (value, column) order, by the
+minima of k groups. Blocks are merged by a stable sort of the running
+selection (earlier columns) followed by the new block.
 """
 from __future__ import annotations
 
@@ -65,6 +72,9 @@ class ArgMin(Reduction):
         return lambda results: (pick(results).squeeze(2), None)
 
 
+GROUP = 16
+
+
 def _stable_smallest(f: torch.Tensor, k: int):
     """The k smallest of ``f`` along dim 2, ascending, lowest index first among ties (NaN last)."""
     kth = torch.topk(f, k, dim=2, largest=False, sorted=True).values[:, :, -1:]
@@ -78,11 +88,40 @@ def _stable_smallest(f: torch.Tensor, k: int):
     return values, torch.gather(where, 2, order)
 
 
+def _first_k(values: torch.Tensor, positions: torch.Tensor, k: int) -> torch.Tensor:
+    """The positions of the k smallest (value, position) pairs along dim 2, ascending.
+
+    ``positions`` ascend along dim 2. For float32 one exact topk: a value's
+    ordered 32-bit key and its 32-bit position make one int64 key, unique and
+    ordered like the pair, NaN above +inf; otherwise a stable sort.
+    """
+    if values.dtype != torch.float32:
+        return torch.gather(positions, 2, torch.sort(values, dim=2, stable=True).indices[:, :, :k])
+    bits = torch.where(torch.isnan(values), math.nan, values).view(torch.int32)
+    keys = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(torch.int64) << 32 | positions
+    return torch.topk(keys, k, dim=2, largest=False).values & 0xFFFFFFFF
+
+
+def _smallest(f: torch.Tensor, k: int):
+    """``_stable_smallest`` through the k best groups of GROUP columns (see the module docstring)."""
+    m = f.shape[2]
+    if m % GROUP or m // GROUP <= k:
+        return _stable_smallest(f, k)
+    groups = torch.where(torch.isnan(f), math.inf, f).unflatten(2, (m // GROUP, GROUP))  # (B, n, G, GROUP, C)
+    lows = groups.amin(3)
+    group_ids = torch.arange(lows.shape[2], device=f.device).view(1, 1, -1, 1).expand_as(lows)
+    first = _first_k(lows, group_ids, k).sort(2).values * GROUP  # the best groups in column order
+    columns = (first.unsqueeze(3) + torch.arange(GROUP, device=f.device).view(1, 1, 1, GROUP, 1)).flatten(2, 3)
+    chosen = _first_k(torch.gather(f, 2, columns), columns, k)
+    return torch.gather(f, 2, chosen), chosen
+
+
 class KMin(Reduction):
     """The k smallest values and their indices per row, ascending; ties to the lowest index."""
 
     name = "kmin_argkmin"
     differentiable = (True, False)
+    tile_hint = (256, 4096)  # fewer, wider tiles: fewer selections to merge (N = M = 8192: 0.48 -> 0.32 s)
 
     def __init__(self, expr: sympy.Expr, info: dict, k: int):
         self.expr = expr
@@ -94,7 +133,7 @@ class KMin(Reduction):
     def partial(self, values, mask):
         f = masked(values[0], mask, math.nan)  # NaN sorts after +inf: padding is never preferred
         f = f.expand(f.shape[0], f.shape[1], mask.shape[2], self.dim)
-        return _stable_smallest(f, min(self.k, f.shape[2]))
+        return _smallest(f, min(self.k, f.shape[2]))
 
     def combine(self, state, partial, at):
         best, where = partial

@@ -174,6 +174,23 @@ def test_argkmin_ties_lowest_index_first(chunk):
     assert torch.equal(values, y[order, 0].abs().expand(5, 6))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", ["eager", "compiled"])
+def test_kmin_group_selection_ties_and_nan(dtype, backend):
+    """Wide tiles select through column groups: heavy ties, +-inf and NaN still follow a stable sort."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 3, (21, 1), generator=gen).to(dtype)
+    y = torch.randint(0, 4, (700, 1), generator=gen).to(dtype)
+    y[::97] = math.nan
+    y[5::131] = math.inf
+    y[7::151] = -math.inf
+    values, index = (lt.Vi(x) - lt.Vj(y)).abs().kmin_argkmin(9, 1, chunk_size=(8, 256), backend=backend)
+    dense = (x - y.T).abs()
+    order = torch.sort(dense, dim=1, stable=True).indices[:, :9]
+    assert torch.equal(index, order)
+    torch.testing.assert_close(values, torch.gather(dense, 1, order), equal_nan=True)
+
+
 # -- options and odd inputs ---------------------------------------------------------------------
 @pytest.mark.parametrize("chunk", [2.5, "big", (4,), (0, 4), True, (4, 2.0)])
 def test_bad_chunk_sizes_name_the_argument(chunk):
