@@ -63,7 +63,8 @@ def register(subparsers) -> None:
     p.add_argument("--backward", action="store_true", help="also time and check first gradients")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--repeats", type=cli.positive_int, default=5, help="timed rounds")
-    p.add_argument("--warmup", type=cli.nonneg_int, default=1, help="untimed calls, the first call included")
+    p.add_argument("--warmup", type=cli.nonneg_int, default=2,
+                   help="untimed calls, the first call included (lazytensor's auto backend compiles on the second)")
     p.add_argument("--variants", type=cli.comma_list(VARIANTS, required=("dense",)), default=list(VARIANTS),
                    help="comma-separated subset of " + ", ".join(VARIANTS) + " (dense, the reference, included)")
     p.add_argument("--threads", type=cli.positive_int, default=1, help="torch CPU threads")

@@ -16,6 +16,7 @@ so a new N, M or bandwidth never recompiles.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import sympy
@@ -38,8 +39,12 @@ MIN_TILE = 16
 CUDA_PAIRS_PER_TILE = 1 << 26
 CUDA_TILE_BUDGET_BYTES = 1 << 30
 CUDA_MAX_TILE = 16384
-# Below this many pairs the eager lowering beats compilation time ("auto").
+# "auto" tiers like a JIT: a formula runs eagerly until the eager time it has cost (this
+# process, problems of at least AUTO_COMPILE_MIN_PAIRS pairs) exceeds COMPILE_AFTER_SECONDS,
+# then compiles; a formula already compiled in this process compiles its new tile shapes at
+# once. A one-off call never waits seconds for a compile it cannot amortise; a loop pays one.
 AUTO_COMPILE_MIN_PAIRS = 1 << 22
+COMPILE_AFTER_SECONDS = 1.0
 BACKENDS = ("auto", "compiled", "eager")
 
 
@@ -161,13 +166,15 @@ def _functorch_active() -> bool:
     return torch._C._functorch.peek_interpreter_stack() is not None
 
 
-def use_compiled(backend: str, problem: Problem) -> bool:
+def use_compiled(backend: str, problem: Problem, formula_key=None) -> bool:
     check_backend(backend)
     if backend == "eager" or not kernels.compile_available() or torch.compiler.is_compiling() or _functorch_active():
         return False
     if backend == "compiled":
         return True
-    return problem.size("i") * problem.size("j") >= AUTO_COMPILE_MIN_PAIRS
+    if problem.size("i") * problem.size("j") < AUTO_COMPILE_MIN_PAIRS:
+        return False
+    return kernels.compiled_before(formula_key) or kernels.eager_seconds(formula_key) >= COMPILE_AFTER_SECONDS
 
 
 def _blocks(t: torch.Tensor, extent: int, total: int, fixed: bool, features_first: bool) -> list[torch.Tensor]:
@@ -223,22 +230,24 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
     n, m, batch = problem.size("i"), problem.size("j"), problem.batch
     if n == 0 or m == 0:
         return [c.empty(batch, n if c.reduced_axis == "j" else m, problem.dtype, problem.device) for c in consumers]
-    compiled = use_compiled(backend, problem)
-    plan = plan_tiles(problem, consumers, chunk_size, compiled)
     problem, exprs = _lifted(problem, consumers)
     expand = _expansion_safe(problem)
-    i_syms, j_syms, p_syms = (problem.axis_symbols(a) for a in ir.AXES)
-    tensors = {s: t.detach() for s, t in problem.tensors.items()}
-    key = (
+    formula_key = (
         tuple(c.signature for c in consumers),
         problem.canonical([e for es in exprs for e in es]),
         tuple(problem.info[s].axis for s in problem.order),
         problem.dtype,
         problem.device.type,
         expand,
-        ((plan.rows, plan.cols), tuple(tensors[s].shape[0] for s in problem.order)) if compiled else None,
     )
-    kernel = kernels.tile_kernel(consumers, exprs, problem.info, problem.order, key=key, compiled=compiled, expand=expand)
+    compiled = use_compiled(backend, problem, formula_key)
+    plan = plan_tiles(problem, consumers, chunk_size, compiled)
+    i_syms, j_syms, p_syms = (problem.axis_symbols(a) for a in ir.AXES)
+    tensors = {s: t.detach() for s, t in problem.tensors.items()}
+    shapes = ((plan.rows, plan.cols), tuple(tensors[s].shape[0] for s in problem.order)) if compiled else None
+    kernel = kernels.tile_kernel(consumers, exprs, problem.info, problem.order, formula=formula_key, shapes=shapes,
+                                 compiled=compiled, expand=expand)
+    started = time.perf_counter()
     params = [tensors[s] for s in p_syms]
     device, dtype = problem.device, problem.dtype
     col_blocks = [_blocks(tensors[s], plan.cols, m, compiled, True) for s in j_syms]
@@ -264,4 +273,6 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
                 results[k].append(tuple(o[:, :valid_rows] for o in outs))
     for k, state in column_states.items():
         results[k].append(consumers[k].finalize(state, m, batch))
+    if not compiled and n * m >= AUTO_COMPILE_MIN_PAIRS:
+        kernels.record_eager(formula_key, time.perf_counter() - started)
     return [tuple(torch.cat(parts, 1) for parts in zip(*blocks)) for blocks in results]

@@ -25,6 +25,8 @@ MAX_KERNELS = 64
 _CACHE: OrderedDict[tuple, Callable] = OrderedDict()
 _LOCK = threading.Lock()
 stats = {"built": 0, "fallbacks": 0}  # kernels generated (cache misses) and compile failures
+_EAGER_SECONDS: dict[tuple, float] = {}  # formula -> eager time spent on it (the "auto" tiering)
+_COMPILED_FORMULAS: set[tuple] = set()
 
 
 class CompileFallbackWarning(RuntimeWarning):
@@ -51,8 +53,9 @@ def _compiled(eager: Callable, label: str) -> Callable:
     return run
 
 
-def tile_kernel(consumers, exprs, info, order, *, key: tuple, compiled: bool, expand: bool = True) -> Callable:
-    """The (cached) tile function for ``consumers`` evaluating ``exprs`` under ``key``."""
+def tile_kernel(consumers, exprs, info, order, *, formula: tuple, shapes, compiled: bool, expand: bool = True) -> Callable:
+    """The (cached) tile function for ``consumers`` evaluating ``exprs``: one per (formula, tile shapes, backend)."""
+    key = (formula, shapes)
     full_key = (key, compiled)
     with _LOCK:
         fn = _CACHE.get(full_key)
@@ -62,12 +65,26 @@ def tile_kernel(consumers, exprs, info, order, *, key: tuple, compiled: bool, ex
         label = f"{abs(hash(key)) % 10**8:08d}"
         eager = lower.build_tile_function(consumers, exprs, info, order, label, expand=expand)
         fn = _compiled(eager, label) if compiled else eager
+        if compiled:
+            _COMPILED_FORMULAS.add(formula)
         fn.source = eager.source
         _CACHE[full_key] = fn
         stats["built"] += 1
         while len(_CACHE) > MAX_KERNELS:
             _CACHE.popitem(last=False)
     return fn
+
+
+def record_eager(formula_key: tuple, seconds: float) -> None:
+    _EAGER_SECONDS[formula_key] = _EAGER_SECONDS.get(formula_key, 0.0) + seconds
+
+
+def eager_seconds(formula_key: tuple) -> float:
+    return _EAGER_SECONDS.get(formula_key, 0.0)
+
+
+def compiled_before(formula_key: tuple) -> bool:
+    return formula_key in _COMPILED_FORMULAS
 
 
 def cache_size() -> int:
@@ -77,6 +94,8 @@ def cache_size() -> int:
 def clear_cache() -> None:
     with _LOCK:
         _CACHE.clear()
+        _EAGER_SECONDS.clear()
+        _COMPILED_FORMULAS.clear()
 
 
 def compile_available() -> bool:

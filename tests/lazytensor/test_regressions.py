@@ -260,6 +260,22 @@ def test_new_constant_values_reuse_the_kernel(compiled_stats):
     assert compiled_stats() == before
 
 
+def test_auto_backend_compiles_once_eager_time_would_pay_for_it(monkeypatch):
+    compiles = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiles.append(fn) or fn)
+    monkeypatch.setattr(engine, "AUTO_COMPILE_MIN_PAIRS", 1)
+    x, y = torch.randn(9, 2), torch.randn(7, 2)
+    f = lt.Vi(x).sqdist(lt.Vj(y)) * lt.Vj(y).sum(-1) * 3 - 1  # a formula no other test runs
+    monkeypatch.setattr(engine, "COMPILE_AFTER_SECONDS", math.inf)
+    f.sum(1), f.sum(1)
+    assert not compiles  # a one-off (or cheap) formula never compiles
+    monkeypatch.setattr(engine, "COMPILE_AFTER_SECONDS", 0.0)
+    f.sum(1)
+    assert len(compiles) == 1  # its eager time so far exceeds the threshold: compiled now
+    torch.testing.assert_close(f.sum(1), ((torch.cdist(x, y) ** 2 * y.sum(1) * 3 - 1).sum(1, keepdim=True)))
+    assert len(compiles) == 1
+
+
 def test_kernel_cache_is_bounded(monkeypatch):
     monkeypatch.setattr(kernels, "MAX_KERNELS", 3)
     x, y = torch.randn(4, 2), torch.randn(5, 2)
