@@ -37,6 +37,7 @@ class Pass:
     reductions: tuple
     backend: str
     chunk_size: object
+    sharding: object = None  # lazytensor.distributed.Sharding: the j axis is this rank's shard
 
     def problem(self, tensors) -> engine.Problem:
         return engine.Problem(self.info, dict(zip(self.order, tensors)), list(self.order))
@@ -53,8 +54,9 @@ class Pass:
 def _run(spec: Pass, tensors) -> list[tuple]:
     problem = spec.problem(tensors)
     single = [r for r in spec.reductions if r.single_pass]
-    streamed = iter(engine.stream(problem, single, backend=spec.backend, chunk_size=spec.chunk_size) if single else [])
-    return [next(streamed) if r.single_pass else r.run(problem, spec.backend, spec.chunk_size) for r in spec.reductions]
+    options = dict(backend=spec.backend, chunk_size=spec.chunk_size, sharding=spec.sharding)
+    streamed = iter(engine.stream(problem, single, **options) if single else [])
+    return [next(streamed) if r.single_pass else r.run(problem, **options) for r in spec.reductions]
 
 
 class Streamed(torch.autograd.Function):
@@ -84,7 +86,7 @@ class Streamed(torch.autograd.Function):
     def backward(ctx, *grads):
         spec, problem, outs = Streamed._saved(ctx)
         wanted = [s for s, need in zip(spec.order, ctx.needs_input_grad[1:]) if need]
-        collector = Backward(problem, wanted, spec.backend, spec.chunk_size)
+        collector = Backward(problem, wanted, spec.backend, spec.chunk_size, spec.sharding)
         for reduction, o, g in zip(spec.reductions, outs, spec.split(grads)):
             g = tuple(gi if flag else None for gi, flag in zip(g, reduction.differentiable))
             if wanted and any(gi is not None for gi in g):
@@ -96,7 +98,7 @@ class Streamed(torch.autograd.Function):
     def jvp(ctx, *tangents):
         spec, problem, outs = Streamed._saved(ctx)
         given = {s: t for s, t in zip(spec.order, tangents[1:]) if t is not None}
-        collector = Forward(problem, given, spec.backend, spec.chunk_size)
+        collector = Forward(problem, given, spec.backend, spec.chunk_size, spec.sharding)
         finish = [reduction.jvp(collector, o) for reduction, o in zip(spec.reductions, outs)]
         results = collector.run()
         flat = []
@@ -123,17 +125,21 @@ class Streamed(torch.autograd.Function):
         return tuple(o.reshape(count, batch, *o.shape[1:]) for o in outs), (0,) * len(outs)
 
 
-def reduce(problem: engine.Problem, reductions, backend: str = "auto", chunk_size=None) -> list[tuple]:
-    """The outputs of each reduction of ``problem`` (reducing its j axis; sums may reduce i), differentiable."""
-    spec = Pass(problem.info, tuple(problem.order), tuple(reductions), engine.check_backend(backend), chunk_size)
+def reduce(problem: engine.Problem, reductions, backend: str = "auto", chunk_size=None, sharding=None) -> list[tuple]:
+    """The outputs of each reduction of ``problem`` (reducing its j axis; sums may reduce i), differentiable.
+
+    With a ``sharding`` the j axis is this rank's shard and the outputs are the full results.
+    """
+    spec = Pass(problem.info, tuple(problem.order), tuple(reductions), engine.check_backend(backend), chunk_size,
+                sharding)
     flat = Streamed.apply(spec, *[problem.tensors[s] for s in problem.order])
     return spec.split(flat)
 
 
 # -- collectors: what reductions ask for while differentiating ------------------------------
 class _Collector:
-    def __init__(self, problem: engine.Problem, backend, chunk_size):
-        self.problem, self.backend, self.chunk_size = problem, backend, chunk_size
+    def __init__(self, problem: engine.Problem, backend, chunk_size, sharding=None):
+        self.problem, self.backend, self.chunk_size, self.sharding = problem, backend, chunk_size, sharding
         self.extra: dict[sympy.Symbol, tuple[torch.Tensor, str]] = {}
         self.info = dict(problem.info)
 
@@ -146,6 +152,15 @@ class _Collector:
 
     def full_problem(self) -> engine.Problem:
         return self.problem.extended(self.extra)
+
+    def local(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Global column indices as this rank's (clamped), and which are its own (None: all are)."""
+        if self.sharding is None:
+            return index, None
+        m = self.problem.size("j")
+        index = index - sum(self.sharding.sizes(m, index.device)[: self.sharding.rank])
+        mine = (index >= 0) & (index < m)
+        return index.clamp(0, max(m - 1, 0)), mine
 
 
 def _pairs(problem: engine.Problem, index: torch.Tensor) -> tuple[engine.Problem, int]:
@@ -182,8 +197,8 @@ def _fit(grad: torch.Tensor, like: torch.Tensor, axis: str) -> torch.Tensor:
 class Backward(_Collector):
     """Cotangents of a pass's reductions -> gradients of the wanted variables, streamed."""
 
-    def __init__(self, problem, wanted, backend, chunk_size):
-        super().__init__(problem, backend, chunk_size)
+    def __init__(self, problem, wanted, backend, chunk_size, sharding=None):
+        super().__init__(problem, backend, chunk_size, sharding)
         self.wanted = wanted
         self.pairs: list[tuple[sympy.Expr, sympy.Expr]] = []
         self.selections: list[tuple[sympy.Expr, torch.Tensor, torch.Tensor]] = []
@@ -208,22 +223,34 @@ class Backward(_Collector):
             for sym, g in self._gradients(full, ir.vjp(self.pairs, self.wanted, full.info), self.backend).items():
                 add(sym, g)
         for expr, index, cot in self.selections:
-            pairs, selections = _pairs(self.full_problem(), index)
-            g = pairs.extended({ir.new_variable_symbol(): (cot.reshape(cot.shape[0], -1, cot.shape[-1]), "i")})
-            cot_sym = g.order[-1]
-            for sym, contribution in self._gradients(g, ir.vjp([(expr, cot_sym)], self.wanted, g.info), "eager").items():
-                add(sym, self._unpair(sym, contribution, index, selections))
+            index, mine = self.local(index)  # sharded: each rank differentiates the pairs in its shard
+            contributions = {}
+            if self.problem.size("j") > 0:
+                if mine is not None:
+                    cot = cot * mine.unsqueeze(-1)
+                pairs, selections = _pairs(self.full_problem(), index)
+                g = pairs.extended({ir.new_variable_symbol(): (cot.reshape(cot.shape[0], -1, cot.shape[-1]), "i")})
+                formulas = ir.vjp([(expr, g.order[-1])], self.wanted, g.info)
+                contributions = {sym: self._unpair(sym, c, index, selections)
+                                 for sym, c in self._gradients(g, formulas, "eager", sharding=None).items()}
+            for sym in self.wanted:
+                if self.sharding is not None and self.problem.info[sym].axis != "j":  # replicated: every rank's pairs
+                    contributions[sym] = self.sharding.all_reduce(
+                        contributions.get(sym, torch.zeros_like(self.problem.tensors[sym])))
+            for sym, contribution in contributions.items():
+                add(sym, contribution)
         for sym in self.wanted:  # used by the formula but folded away (x * 0): zero, as torch gives
             grads.setdefault(sym, torch.zeros_like(self.problem.tensors[sym]))
         return grads
 
-    def _gradients(self, problem, formulas, backend) -> dict:
+    def _gradients(self, problem, formulas, backend, sharding="same") -> dict:
         """Each wanted variable's formula summed over the axis it is not indexed by, in one pass."""
         todo = [s for s in self.wanted if formulas[s] != 0]
         reductions = [
             Sum(formulas[s], problem.info, self.problem.info[s].dim, "i" if problem.info[s].axis == "j" else "j") for s in todo
         ]
-        outs = reduce(problem, reductions, backend, self.chunk_size) if reductions else []
+        sharding = self.sharding if sharding == "same" else sharding
+        outs = reduce(problem, reductions, backend, self.chunk_size, sharding) if reductions else []
         return {s: g for s, (g,) in zip(todo, outs)}
 
     def _unpair(self, sym, contribution, index, selections):
@@ -243,8 +270,8 @@ class Backward(_Collector):
 class Forward(_Collector):
     """Input tangents -> output tangents: sums and selected values of the formulas' tangents."""
 
-    def __init__(self, problem, tangents: dict, backend, chunk_size):
-        super().__init__(problem, backend, chunk_size)
+    def __init__(self, problem, tangents: dict, backend, chunk_size, sharding=None):
+        super().__init__(problem, backend, chunk_size, sharding)
         self.tangents = {s: self.variable(t, problem.info[s].axis) for s, t in tangents.items()}
         self.sums: list[tuple[sympy.Expr, str, int]] = []
         self.selections: list[tuple[sympy.Expr, torch.Tensor]] = []
@@ -264,7 +291,7 @@ class Forward(_Collector):
         full = self.full_problem()
         results = {}
         live = [(k, Sum(e, full.info, dim, axis)) for k, (e, axis, dim) in enumerate(self.sums) if e != 0]
-        outs = reduce(full, [r for _, r in live], self.backend, self.chunk_size) if live else []
+        outs = reduce(full, [r for _, r in live], self.backend, self.chunk_size, self.sharding) if live else []
         for (k, _), (out,) in zip(live, outs):
             results[("sum", k)] = out
         for k, (_, axis, dim) in enumerate(self.sums):
@@ -272,9 +299,13 @@ class Forward(_Collector):
                 rows = full.size("i" if axis == "j" else "j")
                 results[("sum", k)] = torch.zeros(full.batch, rows, dim, dtype=full.dtype, device=full.device)
         for k, (expr, index) in enumerate(self.selections):
-            pairs, selections = _pairs(full, index)
-            ((values,),) = reduce(pairs, [Sum(expr, pairs.info)], "eager") if expr != 0 else [(None,)]
-            if values is None:
-                values = torch.zeros(index.shape[0], index.shape[1] * selections, 1, dtype=full.dtype, device=full.device)
-            results[("selection", k)] = values.reshape(values.shape[0], index.shape[1], selections, -1)
+            index, mine = self.local(index)
+            values = torch.zeros(*index.shape, ir.feature_dim(expr, full.info), dtype=full.dtype, device=full.device)
+            if expr != 0 and full.size("j") > 0:
+                pairs, selections = _pairs(full, index)
+                ((values,),) = reduce(pairs, [Sum(expr, pairs.info)], "eager")
+                values = values.reshape(values.shape[0], index.shape[1], selections, -1)
+            if mine is not None:  # sharded: each rank evaluates the pairs in its shard
+                values = self.sharding.all_reduce(values * mine.unsqueeze(-1))
+            results[("selection", k)] = values
         return results

@@ -133,14 +133,15 @@ def bucket(size: int) -> int:
     return max(MIN_TILE, 1 << math.ceil(math.log2(max(size, 1))))
 
 
-def plan_tiles(problem: Problem, consumers, chunk_size, compiled: bool) -> TilePlan:
+def plan_tiles(problem: Problem, consumers, chunk_size, compiled: bool, m: int | None = None) -> TilePlan:
     """Tile shape from the pair and memory budgets, or from ``chunk_size`` (int or (rows, cols)).
 
     Budget-derived extents are powers of two and compiled kernels round the
     last tile up (padded), so every N and M maps to one of a few buckets; a
-    given ``chunk_size`` is one fixed shape already.
+    given ``chunk_size`` is one fixed shape already. ``m`` overrides the
+    number of columns (a sharded reduction plans for its largest shard).
     """
-    n, m = problem.size("i"), problem.size("j")
+    n, m = problem.size("i"), problem.size("j") if m is None else m
     given = check_chunk_size(chunk_size)
     if given is not None:
         rows, cols = given
@@ -222,13 +223,20 @@ def _expansion_safe(problem: Problem) -> bool:
     return all(bool(torch.isfinite(t).all()) for s, t in problem.tensors.items() if problem.info[s].axis != "p")
 
 
-def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_size=None):
+def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_size=None, sharding=None):
     """One pass over all tiles; returns each consumer's finalized outputs.
 
     Consumers reducing over j return (B, N, ...) tensors, column sums (B, M, D).
+    With a ``sharding`` (``lazytensor.distributed``) the j axis is this rank's
+    shard: indices are global and each row block's states are merged across
+    ranks before they are finalized, so every rank returns the full result.
     """
     n, m, batch = problem.size("i"), problem.size("j"), problem.batch
-    if n == 0 or m == 0:
+    offset, total = 0, m
+    if sharding is not None:
+        sizes = sharding.sizes(m, problem.device)
+        offset, total = sum(sizes[: sharding.rank]), sum(sizes)
+    if n == 0 or total == 0:
         return [c.empty(batch, n if c.reduced_axis == "j" else m, problem.dtype, problem.device) for c in consumers]
     problem, exprs = _lifted(problem, consumers)
     expand = _expansion_safe(problem)
@@ -240,39 +248,49 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
         problem.device.type,
         expand,
     )
-    compiled = use_compiled(backend, problem, formula_key)
-    plan = plan_tiles(problem, consumers, chunk_size, compiled)
+    if sharding is None:
+        compiled = use_compiled(backend, problem, formula_key)
+        plan = plan_tiles(problem, consumers, chunk_size, compiled)
+    else:  # every rank must cut the same row blocks, so nothing may depend on its own shard or history
+        compiled = use_compiled("eager" if backend == "eager" else "compiled", problem) and (
+            backend == "compiled" or n * total >= AUTO_COMPILE_MIN_PAIRS)
+        plan = plan_tiles(problem, consumers, chunk_size, compiled, m=max(sizes))
     i_syms, j_syms, p_syms = (problem.axis_symbols(a) for a in ir.AXES)
     tensors = {s: t.detach() for s, t in problem.tensors.items()}
+    if m == 0:  # an empty shard takes part with one masked column
+        tensors.update({s: tensors[s].new_zeros(tensors[s].shape[0], 1, tensors[s].shape[2]) for s in j_syms})
     shapes = ((plan.rows, plan.cols), tuple(tensors[s].shape[0] for s in problem.order)) if compiled else None
     kernel = kernels.tile_kernel(consumers, exprs, problem.info, problem.order, formula=formula_key, shapes=shapes,
                                  compiled=compiled, expand=expand)
     started = time.perf_counter()
     params = [tensors[s] for s in p_syms]
     device, dtype = problem.device, problem.dtype
-    col_blocks = [_blocks(tensors[s], plan.cols, m, compiled, True) for s in j_syms]
-    col_masks = [_valid(b.shape[2], min(plan.cols, m - c0), dtype, device).view(1, 1, -1, 1)
-                 for b, c0 in zip(col_blocks[0], range(0, m, plan.cols))]
+    width = max(m, 1)
+    col_blocks = [_blocks(tensors[s], min(plan.cols, width) if not compiled else plan.cols, width, compiled, True)
+                  for s in j_syms]
+    col_masks = [_valid(b.shape[2], max(0, min(plan.cols, m - c0)), dtype, device).view(1, 1, -1, 1)
+                 for b, c0 in zip(col_blocks[0], range(0, width, plan.cols))]
     row_blocks = [_blocks(tensors[s], plan.rows, n, compiled, False) for s in i_syms]
-    by_column = [c.reduced_axis == "i" for c in consumers]  # column sums: state spans all columns
+    by_column = [c.reduced_axis == "i" for c in consumers]  # column sums: state spans all (local) columns
     results: list[list[tuple]] = [[] for _ in consumers]
-    column_states = {k: c.initial_state(batch, m, dtype, device) for k, c in enumerate(consumers) if by_column[k]}
+    column_states = {k: c.initial_state(batch, width, dtype, device) for k, c in enumerate(consumers) if by_column[k]}
     for r, r0 in enumerate(range(0, n, plan.rows)):
         rows = [blocks[r] for blocks in row_blocks]
         valid_rows = min(plan.rows, n - r0)
         rowmask = _valid(rows[0].shape[1], valid_rows, dtype, device).view(1, -1, 1, 1)
         states = [column_states.get(k) for k in range(len(consumers))]
-        for c, c0 in enumerate(range(0, m, plan.cols)):
+        for c, c0 in enumerate(range(0, width, plan.cols)):
             cols = [blocks[c] for blocks in col_blocks]
             partials = kernel(rows, cols, params, col_masks[c], rowmask)
-            at = [slice(c0, c0 + plan.cols) if column else c0 for column in by_column]
+            at = [slice(c0, c0 + plan.cols) if column else offset + c0 for column in by_column]
             states = [cons.combine(st, p, a) for cons, st, p, a in zip(consumers, states, partials, at)]
         for k, cons in enumerate(consumers):
             if not by_column[k]:
-                outs = cons.finalize(states[k], rows[0].shape[1], batch)
+                state = states[k] if sharding is None else sharding.merge(cons, states[k])
+                outs = cons.finalize(state, rows[0].shape[1], batch)
                 results[k].append(tuple(o[:, :valid_rows] for o in outs))
     for k, state in column_states.items():
-        results[k].append(consumers[k].finalize(state, m, batch))
+        results[k].append(tuple(o[:, :m] for o in consumers[k].finalize(state, width, batch)))
     if not compiled and n * m >= AUTO_COMPILE_MIN_PAIRS:
         kernels.record_eager(formula_key, time.perf_counter() - started)
     return [tuple(torch.cat(parts, 1) for parts in zip(*blocks)) for blocks in results]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import autograd, engine, ir, reductions
+from . import autograd, distributed, engine, ir, reductions
 from .formula import LazyTensor, _axis, _unbatch, as_lazy
 
 # name -> (factory(expr, info, argument), which outputs the caller gets)
@@ -50,11 +50,12 @@ def _parse(spec, axis: str):
     return name, arg
 
 
-def stream(source: LazyTensor, reductions, dim=1, *, backend: str = "auto", chunk_size=None) -> tuple:
+def stream(source: LazyTensor, reductions, dim=1, *, backend: str = "auto", chunk_size=None, group=None) -> tuple:
     """Reduce ``source`` over ``dim`` by every named reduction in one pass over its tiles.
 
     Returns one entry per reduction, shaped as the LazyTensor method of that
-    name returns it (``min_argmin`` / ``kmin_argkmin`` give a pair).
+    name returns it (``min_argmin`` / ``kmin_argkmin`` give a pair). ``group``
+    shards the reduced axis as in ``lazytensor.distributed``.
     """
     if not isinstance(source, LazyTensor):
         raise TypeError(f"stream: source must be a LazyTensor formula, got {type(source).__name__}")
@@ -67,13 +68,15 @@ def stream(source: LazyTensor, reductions, dim=1, *, backend: str = "auto", chun
     values = [arg for name, arg in parsed if name == "softmax_weighted_sum"]
     combined = LazyTensor._build(source.expr, source, *values, width=source.width)
     problem = combined.problem(axis)
+    sharding = distributed.active(group)
+    total = problem.size("j") if sharding is None else sum(sharding.sizes(problem.size("j"), problem.device))
     expr = ir.numeric(source.expr)
     for name, arg in parsed:
-        if name in _WITH_ARGUMENT[:3] and arg > problem.size("j"):
-            raise ValueError(f"stream: {name} k={arg} is larger than the {problem.size('j')} entries reduced over")
+        if name in _WITH_ARGUMENT[:3] and arg > total:
+            raise ValueError(f"stream: {name} k={arg} is larger than the {total} entries reduced over")
     objects = [_NAMES[name][0](expr, problem.info, arg) for name, arg in parsed]
     results = []
-    for (name, _), outs in zip(parsed, autograd.reduce(problem, objects, backend, chunk_size)):
+    for (name, _), outs in zip(parsed, autograd.reduce(problem, objects, backend, chunk_size, sharding)):
         if name != "softmax_weighted_sum":
             outs = tuple(source._widen(o) for o in outs)
         if name in _WITH_ARGUMENT[:3]:

@@ -13,7 +13,7 @@ from typing import Union
 import sympy
 import torch
 
-from . import autograd, engine, ir, reductions
+from . import autograd, distributed, engine, ir, reductions
 
 Number = Union[int, float]
 
@@ -224,12 +224,12 @@ class LazyTensor:
         """Sum over j (dim=1 / "j"), over i (dim=0 / "i"), or over features (dim=-1)."""
         if dim in (-1, 2, "features"):
             return self._contract(lambda a: a)
-        return self._reduce(lambda e, p: reductions.Sum(e, p.info, self.width), dim, backend, chunk_size)[0]
+        return self._reduce(lambda e, p, _: reductions.Sum(e, p.info, self.width), dim, backend, chunk_size)[0]
 
     sum_reduction = sum
 
     def logsumexp(self, dim=1, *, backend: str = "auto", chunk_size=None):
-        return self._widen(self._reduce(lambda e, p: reductions.LogSumExp(e, p.info), dim, backend, chunk_size)[0])
+        return self._widen(self._reduce(lambda e, p, _: reductions.LogSumExp(e, p.info), dim, backend, chunk_size)[0])
 
     logsumexp_reduction = logsumexp
 
@@ -239,13 +239,13 @@ class LazyTensor:
         if isinstance(values, torch.Tensor):
             values = LazyTensor(values, axis)
         values = as_lazy(values)
-        make = lambda e, p: reductions.SoftmaxWeightedSum(e, ir.numeric(values.expr), p.info)  # noqa: E731
+        make = lambda e, p, _: reductions.SoftmaxWeightedSum(e, ir.numeric(values.expr), p.info)  # noqa: E731
         return self._reduce(make, dim, backend, chunk_size, values=values)[0]
 
     sumsoftmaxweight = softmax_weighted_sum
 
     def min_argmin(self, dim=1, *, backend: str = "auto", chunk_size=None):
-        value, index = self._reduce(lambda e, p: reductions.ArgMin(e, p.info), dim, backend, chunk_size)
+        value, index = self._reduce(lambda e, p, _: reductions.ArgMin(e, p.info), dim, backend, chunk_size)
         return self._widen(value), self._widen(index)
 
     def min(self, dim=1, **kw):
@@ -255,7 +255,7 @@ class LazyTensor:
         return self.min_argmin(dim, **kw)[1]
 
     def max_argmax(self, dim=1, *, backend: str = "auto", chunk_size=None):
-        value, index = self._reduce(lambda e, p: reductions.ArgMin(e, p.info, -1), dim, backend, chunk_size)
+        value, index = self._reduce(lambda e, p, _: reductions.ArgMin(e, p.info, -1), dim, backend, chunk_size)
         return self._widen(value), self._widen(index)
 
     def max(self, dim=1, **kw):
@@ -269,9 +269,9 @@ class LazyTensor:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
 
-        def make(e, problem):
-            if k > problem.size("j"):
-                raise ValueError(f"k={k} is larger than the {problem.size('j')} entries reduced over")
+        def make(e, problem, total):
+            if k > total:
+                raise ValueError(f"k={k} is larger than the {total} entries reduced over")
             return reductions.KMin(e, problem.info, k)
 
         outs = self._reduce(make, dim, backend, chunk_size)
@@ -287,7 +287,7 @@ class LazyTensor:
 
     def quantile(self, q, dim=1, *, backend: str = "auto", chunk_size=None):
         """Exact q-quantile over the axis with torch.quantile's linear interpolation."""
-        make = lambda e, p: reductions.Quantile(e, p.info, q, p.size("j"), p.dtype, p.device)  # noqa: E731
+        make = lambda e, p, total: reductions.Quantile(e, p.info, q, total, p.dtype, p.device)  # noqa: E731
         out = self._reduce(make, dim, backend, chunk_size)[0]  # (B?, N, Q, C)
         if not isinstance(q, torch.Tensor) or q.dim() == 0:
             return self._widen(out[..., 0, :])
@@ -318,14 +318,20 @@ class LazyTensor:
         problem = engine.Problem(info, {s: v.tensor for s, v in self.variables.items()})
         return problem.swapped() if axis == "i" else problem
 
-    def _reduce(self, make, dim, backend, chunk_size, *, values: "LazyTensor | None" = None) -> tuple:
-        """Run the reduction ``make(expr, problem)`` over ``dim``; its outputs without the batch dim if unbatched."""
+    def _reduce(self, make, dim, backend, chunk_size, *, values: "LazyTensor | None" = None, group=None) -> tuple:
+        """Run the reduction ``make(expr, problem, reduced size)`` over ``dim``; outputs without the batch dim if unbatched.
+
+        Under a sharding (``group=`` or ``lazytensor.distributed.sharded``) the
+        reduced axis's variables are this rank's shard and the size is the total.
+        """
         axis = _axis(dim)
         engine.check_backend(backend)
         engine.check_chunk_size(chunk_size)
         source = self if values is None else LazyTensor._build(self.expr, self, values, width=self.width)
         problem = source.problem(axis)
-        ((outs),) = autograd.reduce(problem, [make(ir.numeric(self.expr), problem)], backend, chunk_size)
+        sharding = distributed.active(group)
+        total = problem.size("j") if sharding is None else sum(sharding.sizes(problem.size("j"), problem.device))
+        ((outs),) = autograd.reduce(problem, [make(ir.numeric(self.expr), problem, total)], backend, chunk_size, sharding)
         return tuple(_unbatch(o, source._batched) for o in outs)
 
     def _widen(self, out: torch.Tensor) -> torch.Tensor:

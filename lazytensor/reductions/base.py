@@ -18,6 +18,8 @@ works over a list of reductions and never looks inside one.
 """
 from __future__ import annotations
 
+import math
+
 import sympy
 import torch
 
@@ -52,6 +54,19 @@ def ordered_keys(f: torch.Tensor) -> torch.Tensor:
     return bits ^ ((bits >> top) & ((1 << top) - 1))
 
 
+def padded(values: torch.Tensor, where: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A selection of fewer than k entries (a tile narrower than k) padded to k along dim 2 with NaN.
+
+    NaN sorts after every real value, so padding is never preferred; fixed
+    shapes let states of different tiles (and ranks) merge.
+    """
+    short = k - values.shape[2]
+    if short <= 0:
+        return values, where
+    shape = (*values.shape[:2], short, *values.shape[3:])
+    return torch.cat([values, values.new_full(shape, math.nan)], 2), torch.cat([where, where.new_zeros(shape)], 2)
+
+
 class Consumer:
     """Folds tiles into state; see the module docstring."""
 
@@ -82,7 +97,7 @@ class Reduction(Consumer):
     differentiable: tuple[bool, ...]  # one flag per output
     single_pass = True  # False: ``run`` makes several passes (quantile)
 
-    def run(self, problem, backend, chunk_size) -> tuple[torch.Tensor, ...]:
+    def run(self, problem, backend, chunk_size, sharding=None) -> tuple[torch.Tensor, ...]:
         """The outputs of a multi-pass reduction (single-pass ones share ``engine.stream``)."""
         raise NotImplementedError
 

@@ -36,7 +36,8 @@ import sympy
 import torch
 
 from .. import engine, ir
-from .base import Consumer, Reduction, channels_at_selection, ordered_keys, select_channels
+from .base import Consumer, Reduction, channels_at_selection, ordered_keys, padded, select_channels
+from .selection import smallest
 
 BITS = 11
 BUCKETS = 1 << BITS
@@ -117,7 +118,7 @@ class Candidates(_PerTarget):
         real = ~torch.isnan(f)
         inside = (keys >= low) & (keys <= high) & real
         chosen = torch.where(inside, f, math.nan)  # NaN sorts last: outsiders are never picked
-        best, where = torch.topk(chosen, min(CANDIDATES + 1, f.shape[2]), dim=2, largest=False, sorted=True)
+        best, where = padded(*smallest(chosen, min(CANDIDATES + 1, f.shape[2])), CANDIDATES + 1)  # ties: lowest index
         above, above_at = torch.where((keys > high) & real, f, math.inf).min(2)
         return best, where, inside.sum(2), above, above_at, need[:, :, 0], _nan_rows(values[0], mask)
 
@@ -127,7 +128,8 @@ class Candidates(_PerTarget):
         if state is None:
             return best, where, count, above, above_at, need, nan
         best, where = torch.cat([state[0], best], 2), torch.cat([state[1], where], 2)
-        best, pick = torch.topk(best, min(CANDIDATES + 1, best.shape[2]), dim=2, largest=False, sorted=True)
+        best, pick = torch.sort(best, dim=2, stable=True)  # earlier columns first among ties
+        best, pick = best[:, :, : CANDIDATES + 1], pick[:, :, : CANDIDATES + 1]
         lower = above < state[3]
         return (best, torch.gather(where, 2, pick), state[2] + count, torch.where(lower, above, state[3]),
                 torch.where(lower, above_at, state[4]), need, state[6] | nan)
@@ -155,7 +157,8 @@ def _with_variables(problem: engine.Problem, extra: list[tuple[torch.Tensor, str
     return problem.extended({s: e for s, e in zip(syms, extra)}), syms
 
 
-def select_ranks(expr: sympy.Expr, problem: engine.Problem, ranks: torch.Tensor, *, backend="auto", chunk_size=None):
+def select_ranks(expr: sympy.Expr, problem: engine.Problem, ranks: torch.Tensor, *, backend="auto", chunk_size=None,
+                 sharding=None):
     """Values and indices (B, N, 2R, C) of the order statistics of ranks r and then r + 1 over j, and NaN rows (B, N, C).
 
     (Rank M is out of range: its entries are +inf with an arbitrary index.)
@@ -184,7 +187,8 @@ def select_ranks(expr: sympy.Expr, problem: engine.Problem, ranks: torch.Tensor,
                       (torch.tensor([[shift]], dtype=itype, device=device), "p")]
         )
         consumer = Histogram(expr, vb, vn, vs, channels=channels, ranks=nranks)
-        ((bucket, before, inside, nan_pass),) = engine.stream(passing, [consumer], backend=backend, chunk_size=chunk_size)
+        ((bucket, before, inside, nan_pass),) = engine.stream(passing, [consumer], backend=backend, chunk_size=chunk_size,
+                                                              sharding=sharding)
         unflat = lambda t: t.reshape(batch, n, nranks, channels)  # noqa: E731
         prefix = base + unflat(bucket)
         below = below + unflat(before)
@@ -200,7 +204,7 @@ def select_ranks(expr: sympy.Expr, problem: engine.Problem, ranks: torch.Tensor,
     )
     consumer = Candidates(expr, vl, vh, vn, channels=channels, ranks=nranks)
     ((value, index, next_value, next_index, nan_pass),) = engine.stream(passing, [consumer], backend=backend,
-                                                                       chunk_size=chunk_size)
+                                                                       chunk_size=chunk_size, sharding=sharding)
     shape = (batch, n, nranks, channels)
     both = lambda a, b: torch.cat([a.reshape(shape), b.reshape(shape)], 2)  # noqa: E731
     return both(value, next_value), both(index, next_index), nan | nan_pass
@@ -247,15 +251,16 @@ class Quantile(Reduction):
         self.weight = weight.view(1, 1, -1, 1)
         self.signature = ("quantile", self.dim, tuple(self.ranks.tolist()))
 
-    def run(self, problem, backend, chunk_size):
+    def run(self, problem, backend, chunk_size, sharding=None):
         batch, n, q = problem.batch, problem.size("i"), self.weight.shape[2]
-        if problem.size("j") == 0:
+        if (problem.size("j") if sharding is None else sum(sharding.sizes(problem.size("j"), problem.device))) == 0:
             raise ValueError("quantile: cannot take a quantile over an empty axis")
         if n == 0:
             empty = lambda k, dtype: torch.empty(batch, 0, k, self.dim, dtype=dtype, device=problem.device)  # noqa: E731
             return empty(q, problem.dtype), empty(2 * self.ranks.numel(), torch.int64), \
                 torch.empty(batch, 0, self.dim, dtype=torch.bool, device=problem.device)
-        value, index, nan = select_ranks(self.expr, problem, self.ranks, backend=backend, chunk_size=chunk_size)
+        value, index, nan = select_ranks(self.expr, problem, self.ranks, backend=backend, chunk_size=chunk_size,
+                                         sharding=sharding)
         out = torch.lerp(value[:, :, self.lo_at], value[:, :, self.hi_at], self.weight)
         return out.masked_fill(nan.unsqueeze(2), math.nan), index, nan
 

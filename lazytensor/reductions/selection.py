@@ -22,7 +22,7 @@ import sympy
 import torch
 
 from .. import ir
-from .base import Reduction, channels_at_selection, masked, select_channels
+from .base import Reduction, channels_at_selection, masked, padded, select_channels
 
 
 def _empty_axis(name: str, batch: int, rows: int, shape: tuple, dtype, device):
@@ -78,8 +78,9 @@ GROUP = 16
 def _stable_smallest(f: torch.Tensor, k: int):
     """The k smallest of ``f`` along dim 2, ascending, lowest index first among ties (NaN last)."""
     kth = torch.topk(f, k, dim=2, largest=False, sorted=True).values[:, :, -1:]
-    less = f < kth
-    equal = (f == kth) | (torch.isnan(f) & torch.isnan(kth))
+    nan, nan_kth = torch.isnan(f), torch.isnan(kth)
+    less = (f < kth) | (~nan & nan_kth)  # NaN ranks above every number
+    equal = (f == kth) | (nan & nan_kth)
     need = k - less.sum(2, keepdim=True)
     chosen = less | (equal & (equal.cumsum(2) <= need))
     positions = torch.arange(f.shape[2], 0, -1, device=f.device).view(1, 1, -1, 1)
@@ -102,7 +103,7 @@ def _first_k(values: torch.Tensor, positions: torch.Tensor, k: int) -> torch.Ten
     return torch.topk(keys, k, dim=2, largest=False).values & 0xFFFFFFFF
 
 
-def _smallest(f: torch.Tensor, k: int):
+def smallest(f: torch.Tensor, k: int):
     """``_stable_smallest`` through the k best groups of GROUP columns (see the module docstring)."""
     m = f.shape[2]
     if m % GROUP or m // GROUP <= k:
@@ -133,7 +134,7 @@ class KMin(Reduction):
     def partial(self, values, mask):
         f = masked(values[0], mask, math.nan)  # NaN sorts after +inf: padding is never preferred
         f = f.expand(f.shape[0], f.shape[1], mask.shape[2], self.dim)
-        return _smallest(f, min(self.k, f.shape[2]))
+        return padded(*smallest(f, min(self.k, f.shape[2])), self.k)
 
     def combine(self, state, partial, at):
         best, where = partial

@@ -28,6 +28,11 @@ class Sum(Reduction):
     name = "sum"
     differentiable = (True,)
 
+    @property
+    def summable(self) -> bool:
+        """Row sums merge across ranks by one all-reduce (``lazytensor.distributed``)."""
+        return self.reduced_axis == "j"
+
     def __init__(self, expr: sympy.Expr, info: dict, dim: int | None = None, reduced_axis: str = "j"):
         self.expr, self.reduced_axis = expr, reduced_axis
         self.dim = dim or ir.feature_dim(expr, info)

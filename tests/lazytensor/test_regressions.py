@@ -191,6 +191,16 @@ def test_kmin_group_selection_ties_and_nan(dtype, backend):
     torch.testing.assert_close(values, torch.gather(dense, 1, order), equal_nan=True)
 
 
+def test_kmin_with_fewer_numbers_than_k():
+    """Rows with fewer than k non-NaN values: every number first, then NaN (torch.topk's order)."""
+    x = torch.zeros(2, 1, dtype=torch.float64)
+    y = torch.full((10, 1), math.nan, dtype=torch.float64)
+    y[3], y[7] = 2.0, -1.0
+    values, index = (lt.Vi(x) + lt.Vj(y)).kmin_argkmin(5, 1, backend="eager")
+    assert index[0, :2].tolist() == [7, 3] and torch.isnan(values[:, 2:]).all()
+    torch.testing.assert_close(values[:, :2], torch.tensor([[-1.0, 2.0]] * 2, dtype=torch.float64))
+
+
 # -- options and odd inputs ---------------------------------------------------------------------
 @pytest.mark.parametrize("chunk", [2.5, "big", (4,), (0, 4), True, (4, 2.0)])
 def test_bad_chunk_sizes_name_the_argument(chunk):

@@ -1,0 +1,113 @@
+"""Sharded reductions on two gloo processes equal the single-process results, values and gradients.
+
+One spawn runs every check (starting processes dominates the cost). Each
+rank holds an uneven shard of the reduced axis (10 and 7 rows; then 17 and
+0: an empty shard) and must return the full result; its gradient for its
+shard must be its rows of the full gradient, and replicated variables' full
+gradients on every rank.
+"""
+import os
+import queue as queue_module
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import lazytensor as lt
+
+TOL = dict(rtol=1e-10, atol=1e-10)
+
+
+def data():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(13, 3, generator=gen, dtype=torch.float64)
+    y = torch.randn(17, 3, generator=gen, dtype=torch.float64)
+    y[12] = y[2]  # a tie across the two shards: the lower global index must win
+    b = torch.randn(17, 2, generator=gen, dtype=torch.float64)
+    return x, y, b
+
+
+REDUCTIONS = {
+    "sum": lambda f, b: (f.exp() * lt.Vj(b)).sum(1),
+    "logsumexp": lambda f, b: (f + lt.Vj(b)).logsumexp(1),
+    "softmax": lambda f, b: f.softmax_weighted_sum(lt.Vj(b), 1),
+    "min": lambda f, b: (-f).min_argmin(1),
+    "kmin": lambda f, b: (-f).kmin_argkmin(4, 1),
+    "quantile": lambda f, b: (-f).quantile(torch.tensor([0.2, 0.5], dtype=torch.float64), 1),
+    "stream": lambda f, b: lt.stream(f, ["logsumexp", ("kmin_argkmin", 3)], 1),
+}
+
+
+def run_all(x, y, b, backend="eager"):
+    """Every reduction of -|x_i - y_j|^2 and its gradients w.r.t. x, y, b (ints: the index outputs)."""
+    results = {}
+    for name, reduce in REDUCTIONS.items():
+        xs, ys, bs = (t.detach().requires_grad_() for t in (x, y, b))
+        f = -lt.Vi(xs).sqdist(lt.Vj(ys)) * 0.5
+        outs = reduce(f, bs)
+        outs = [outs] if isinstance(outs, torch.Tensor) else [o for group in outs for o in
+                                                              (group if isinstance(group, tuple) else (group,))]
+        values = [o for o in outs if o.is_floating_point()]
+        loss = sum((v * torch.linspace(0.5, 1.5, v.numel(), dtype=v.dtype).reshape(v.shape)).sum() for v in values)
+        grads = torch.autograd.grad(loss, [xs, ys, bs], allow_unused=True)
+        results[name] = (outs, grads)
+    return results
+
+
+def _worker(rank, path, queue):
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    try:
+        x, y, b = data()
+        full = run_all(x, y, b)
+        for split in (10, 17):  # uneven shards, then an empty one
+            rows = slice(0, split) if rank == 0 else slice(split, 17)
+            with lt.distributed.sharded():
+                sharded = run_all(x, y[rows], b[rows])
+            for name in REDUCTIONS:
+                (outs, grads), (ref_outs, ref_grads) = sharded[name], full[name]
+                label = f"{name} split {split}"
+                for a, r in zip(outs, ref_outs):
+                    torch.testing.assert_close(a, r, **TOL, msg=lambda m, label=label: f"{label}: {m}")
+                gx, gy, gb = grads
+                rx, ry, rb = ref_grads
+                for a, r in ((gx, rx), (gy, None if ry is None else ry[rows]), (gb, None if rb is None else rb[rows])):
+                    if r is None:
+                        assert a is None or not a.abs().any()
+                    else:
+                        torch.testing.assert_close(a, r, **TOL, msg=lambda m, label=label: f"{label} gradient: {m}")
+        # the group= keyword and the reduction over i (the i axis sharded)
+        rows = slice(0, 10) if rank == 0 else slice(10, 17)
+        with lt.distributed.sharded(dist.group.WORLD):
+            out = (-lt.Vi(y[rows]).sqdist(lt.Vj(x))).exp().sum(0)
+        torch.testing.assert_close(out, torch.exp(-torch.cdist(y, x) ** 2).sum(0).unsqueeze(-1), **TOL)
+        queue.put((rank, "ok"))
+    except BaseException as exc:  # noqa: BLE001 - report to the parent, which fails the test
+        queue.put((rank, f"{type(exc).__name__}: {exc}"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_sharded_reductions_equal_single_process():
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "rendezvous")
+        procs = [ctx.Process(target=_worker, args=(rank, path, queue)) for rank in range(2)]
+        for p in procs:
+            p.start()
+        reports = {}
+        while len(reports) < len(procs):  # until both report, or one dies without reporting
+            try:
+                rank, report = queue.get(timeout=5)
+                reports[rank] = report
+            except queue_module.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in reports]
+                if dead:
+                    reports.update({r: f"exited with code {procs[r].exitcode} without a report" for r in dead})
+        for p in procs:
+            p.join()
+    assert reports == {0: "ok", 1: "ok"}, reports
