@@ -1,0 +1,122 @@
+"""Scale-out benchmark: one process against two (gloo, one thread each) on the same problems.
+
+    python benchmarks/distributed.py [--n 16384] [--repeats 3] [--ridge-n 16384]
+
+Cases, each checked against the single-process result before it is timed:
+- ``rbf``: ``(-0.5 |x_i - y_j|^2).exp() @ b`` (D = 3, C = 16, float32) with y and b
+  sharded over j, x replicated: every rank gets the full (N, C) result;
+- ``ridge``: ``KernelRidge(RBF(0.5), 1.0, source="sharded")`` fitted on row shards of an
+  n x 8 float64 problem (when the solvers package provides the sharded source).
+
+Prints the best-of-repeats seconds for 1 and 2 processes and the speed-up.
+"""
+import argparse
+import os
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import lazytensor as lt
+
+
+def rbf_inputs(n):
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(n, 3, generator=gen), torch.randn(n, 3, generator=gen), torch.randn(n, 16, generator=gen)
+
+
+def rbf(x, y, b):
+    return (-0.5 * lt.Vi(x).sqdist(lt.Vj(y))).exp().matmul(b, backend="compiled")
+
+
+def ridge_inputs(n):
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(n, 8, generator=gen, dtype=torch.float64)
+    return X, torch.sin(X.sum(1, keepdim=True)) + 0.1 * torch.randn(n, 1, generator=gen, dtype=torch.float64)
+
+
+def ridge(X, Y, source):
+    from solvers import RBF, KernelRidge
+    return KernelRidge(RBF(0.5), alpha=1.0, source=source).fit(X, Y).dual_coef_
+
+
+def best_of(fn, repeats):
+    fn()  # warm-up: compilation and allocations
+    times = []
+    for _ in range(repeats):
+        if dist.is_initialized():
+            dist.barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def shard(t, rank, world):
+    rows = (t.shape[0] + world - 1) // world
+    return t[rank * rows:(rank + 1) * rows]
+
+
+def cases(args, rank, world):
+    """(name, zero-argument function of this rank) per case."""
+    x, y, b = rbf_inputs(args.n)
+    yield "rbf", lambda: rbf(x, shard(y, rank, world), shard(b, rank, world))
+    if args.ridge_n:
+        X, Y = ridge_inputs(args.ridge_n)
+        source = "sharded" if world > 1 else "streamed"
+        yield "ridge", lambda: ridge(shard(X, rank, world), shard(Y, rank, world), source)
+
+
+def worker(rank, world, path, args, queue):
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    results = {}
+    for name, fn in cases(args, rank, world):
+        with lt.distributed.sharded() if world > 1 else _nothing():
+            out = fn()
+            norm = float(out.double().norm()) if world == 1 or name == "rbf" else None  # ridge: this rank's shard
+            results[name] = (best_of(fn, args.repeats), norm)
+    queue.put((rank, results))
+    if world > 1:
+        dist.destroy_process_group()
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def run(world, args):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [ctx.Process(target=worker, args=(r, world, os.path.join(tmp, "rv"), args, queue)) for r in range(world)]
+        for p in procs:
+            p.start()
+        reports = dict(queue.get() for _ in procs)
+        for p in procs:
+            p.join()
+    return {name: (max(r[name][0] for r in reports.values()), reports[0][name][1]) for name in reports[0]}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=16384)
+    p.add_argument("--ridge-n", type=int, default=0, help="also fit a sharded ridge of this size (0: skip)")
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    one, two = run(1, args), run(2, args)
+    for name in one:
+        (t1, n1), (t2, n2) = one[name], two[name]
+        check = "" if n2 is None else f", results agree to {abs(n1 - n2) / n1:.1e}"
+        print(f"{name}: 1 process {t1:.3f} s, 2 processes {t2:.3f} s, speed-up {t1 / t2:.2f}x{check}")
+
+
+if __name__ == "__main__":
+    main()
