@@ -278,7 +278,10 @@ def jvp(expr: sympy.Expr, tangents: dict[sympy.Symbol, sympy.Symbol], info: dict
 
 def split_product(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]):
     """Split a product into (i-or-constant factors, mixed factors, j-only factors)."""
-    factors = expr.args if isinstance(expr, sympy.Mul) else (expr,)
+    return _split(expr.args if isinstance(expr, sympy.Mul) else (expr,), info)
+
+
+def _split(factors, info):
     left, mixed, right = [], [], []
     for f in factors:
         axes = axes_of(f, info)
@@ -291,17 +294,38 @@ def split_product(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]):
     return sympy.Mul(*left), sympy.Mul(*mixed), sympy.Mul(*right)
 
 
+MAX_DISTRIBUTED_TERMS = 64
+
+
+def _products(expr: sympy.Expr) -> list[list[sympy.Expr]]:
+    """``expr`` as factor lists whose products sum to it: products distributed over sums.
+
+    Our own distribution (sympy's ``expand`` spends milliseconds per call in
+    ``as_numer_denom``); a product that would exceed MAX_DISTRIBUTED_TERMS
+    terms keeps its sums as factors.
+    """
+    if isinstance(expr, sympy.Add):
+        return [p for a in expr.args for p in _products(a)]
+    if isinstance(expr, sympy.Mul):
+        out = [[]]
+        for f in expr.args:
+            parts = _products(f) if isinstance(f, sympy.Add) else [[f]]
+            if len(out) * len(parts) > MAX_DISTRIBUTED_TERMS:
+                parts = [[f]]
+            out = [a + b for a in out for b in parts]
+        return out
+    return [[expr]]
+
+
 def sum_terms(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]):
     """Write sum_j expr as a list of (A_i, S_ij, W_j): sum_j expr = sum A * (S @ W).
 
-    The top-level product is distributed over sums so that, e.g., the gradient
-    term c_ij * (x_i - y_j) becomes x_i * rowsum(c) - c @ y: matrix products
+    Products are distributed over sums so that, e.g., the gradient term
+    c_ij * (x_i - y_j) becomes x_i * rowsum(c) - c @ y: matrix products
     instead of an N x M x D broadcast. Terms whose mixed part has feature size
     above 1 cannot use a matrix product; the caller sums those directly.
     """
-    expanded = sympy.expand(expr, deep=False, power_base=False, power_exp=False, log=False, multinomial=False)
-    terms = expanded.args if isinstance(expanded, sympy.Add) else (expanded,)
-    return [split_product(t, info) for t in terms]
+    return [_split(factors, info) for factors in _products(expr)]
 
 
 def lift_constants(exprs: list[sympy.Expr]) -> tuple[list[sympy.Expr], list[tuple[sympy.Symbol, float]]]:
