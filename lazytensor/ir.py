@@ -67,6 +67,10 @@ def feature_sum(arg: sympy.Expr, width: int) -> sympy.Expr:
 class Sigmoid(sympy.Function):
     nargs = 1
 
+    @classmethod
+    def eval(cls, arg):  # constants fold, so no constant function of constants reaches the lowering
+        return 1 / (1 + sympy.exp(-arg)) if arg.is_Number else None
+
     def fdiff(self, argindex=1):
         s = Sigmoid(self.args[0])
         return s * (1 - s)
@@ -77,12 +81,20 @@ class Step(sympy.Function):
 
     nargs = 1
 
+    @classmethod
+    def eval(cls, arg):
+        return (sympy.Integer(1) if arg > 0 else sympy.Integer(0)) if arg.is_Number and arg.is_finite else None
+
     def fdiff(self, argindex=1):
         return sympy.Integer(0)
 
 
 class Relu(sympy.Function):
     nargs = 1
+
+    @classmethod
+    def eval(cls, arg):
+        return sympy.Max(arg, 0) if arg.is_Number else None
 
     def fdiff(self, argindex=1):
         return Step(self.args[0])
@@ -93,6 +105,12 @@ class InRange(sympy.Function):
 
     nargs = 3
 
+    @classmethod
+    def eval(cls, a, lo, hi):
+        if a.is_Number and lo.is_Number and hi.is_Number:
+            return sympy.Integer(1) if lo <= a <= hi else sympy.Integer(0)
+        return None
+
     def fdiff(self, argindex=1):
         return sympy.Integer(0)
 
@@ -101,6 +119,10 @@ class Clamp(sympy.Function):
     """min(max(a, lo), hi); the bounds may be formulas too (torch.clamp with tensor bounds)."""
 
     nargs = 3
+
+    @classmethod
+    def eval(cls, a, lo, hi):
+        return sympy.Min(sympy.Max(a, lo), hi) if a.is_Number and lo.is_Number and hi.is_Number else None
 
     def fdiff(self, argindex=1):
         a, lo, hi = self.args
@@ -121,6 +143,12 @@ class ZeroSafePow(sympy.Function):
     """
 
     nargs = 2
+
+    @classmethod
+    def eval(cls, base, exponent):
+        if base.is_Number and exponent.is_Number:
+            return sympy.Integer(0) if base == 0 else base**exponent
+        return None
 
     def fdiff(self, argindex=1):
         base, exponent = self.args
