@@ -4,12 +4,13 @@
     K = (-Pm(g) * Vi(x).sqdist(Vj(y))).exp()      # symbolic N x M kernel
     out = K @ b                                     # streamed: never N x M in memory
 """
+from . import cluster
 from .events import stream
 from .formula import LazyTensor, Pm, Vi, Vj, lazy, where
 from .ops import attention, distance_quantile, distance_sum, kernel_regression, knn_regression, rbf_matmul
 from .parse import formula
 
 __all__ = [
-    "LazyTensor", "Vi", "Vj", "Pm", "lazy", "where", "formula", "stream",
+    "LazyTensor", "Vi", "Vj", "Pm", "lazy", "where", "formula", "stream", "cluster",
     "distance_sum", "rbf_matmul", "distance_quantile", "kernel_regression", "knn_regression", "attention",
 ]

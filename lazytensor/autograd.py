@@ -30,13 +30,18 @@ from .reductions import Sum
 
 @dataclass(frozen=True, eq=False)
 class Pass:
-    """A pass's static part: the variables' IR info and order, the reductions and the run options."""
+    """A pass's static part: the variables' IR info and order, the reductions and the run options.
+
+    ``ranges`` (block-sparse, from ``engine.check_ranges``) applies to every
+    pass of the same problem: forward, backward sums and forward-mode sums.
+    """
 
     info: dict
     order: tuple
     reductions: tuple
     backend: str
     chunk_size: object
+    ranges: object = None
 
     def problem(self, tensors) -> engine.Problem:
         return engine.Problem(self.info, dict(zip(self.order, tensors)), list(self.order))
@@ -53,7 +58,8 @@ class Pass:
 def _run(spec: Pass, tensors) -> list[tuple]:
     problem = spec.problem(tensors)
     single = [r for r in spec.reductions if r.single_pass]
-    streamed = iter(engine.stream(problem, single, backend=spec.backend, chunk_size=spec.chunk_size) if single else [])
+    streamed = iter(engine.stream(problem, single, backend=spec.backend, chunk_size=spec.chunk_size, ranges=spec.ranges)
+                    if single else [])
     return [next(streamed) if r.single_pass else r.run(problem, spec.backend, spec.chunk_size) for r in spec.reductions]
 
 
@@ -84,7 +90,7 @@ class Streamed(torch.autograd.Function):
     def backward(ctx, *grads):
         spec, problem, outs = Streamed._saved(ctx)
         wanted = [s for s, need in zip(spec.order, ctx.needs_input_grad[1:]) if need]
-        collector = Backward(problem, wanted, spec.backend, spec.chunk_size)
+        collector = Backward(problem, wanted, spec.backend, spec.chunk_size, spec.ranges)
         for reduction, o, g in zip(spec.reductions, outs, spec.split(grads)):
             g = tuple(gi if flag else None for gi, flag in zip(g, reduction.differentiable))
             if wanted and any(gi is not None for gi in g):
@@ -96,7 +102,7 @@ class Streamed(torch.autograd.Function):
     def jvp(ctx, *tangents):
         spec, problem, outs = Streamed._saved(ctx)
         given = {s: t for s, t in zip(spec.order, tangents[1:]) if t is not None}
-        collector = Forward(problem, given, spec.backend, spec.chunk_size)
+        collector = Forward(problem, given, spec.backend, spec.chunk_size, spec.ranges)
         finish = [reduction.jvp(collector, o) for reduction, o in zip(spec.reductions, outs)]
         results = collector.run()
         flat = []
@@ -123,17 +129,17 @@ class Streamed(torch.autograd.Function):
         return tuple(o.reshape(count, batch, *o.shape[1:]) for o in outs), (0,) * len(outs)
 
 
-def reduce(problem: engine.Problem, reductions, backend: str = "auto", chunk_size=None) -> list[tuple]:
+def reduce(problem: engine.Problem, reductions, backend: str = "auto", chunk_size=None, ranges=None) -> list[tuple]:
     """The outputs of each reduction of ``problem`` (reducing its j axis; sums may reduce i), differentiable."""
-    spec = Pass(problem.info, tuple(problem.order), tuple(reductions), engine.check_backend(backend), chunk_size)
+    spec = Pass(problem.info, tuple(problem.order), tuple(reductions), engine.check_backend(backend), chunk_size, ranges)
     flat = Streamed.apply(spec, *[problem.tensors[s] for s in problem.order])
     return spec.split(flat)
 
 
 # -- collectors: what reductions ask for while differentiating ------------------------------
 class _Collector:
-    def __init__(self, problem: engine.Problem, backend, chunk_size):
-        self.problem, self.backend, self.chunk_size = problem, backend, chunk_size
+    def __init__(self, problem: engine.Problem, backend, chunk_size, ranges):
+        self.problem, self.backend, self.chunk_size, self.ranges = problem, backend, chunk_size, ranges
         self.extra: dict[sympy.Symbol, tuple[torch.Tensor, str]] = {}
         self.info = dict(problem.info)
 
@@ -182,8 +188,8 @@ def _fit(grad: torch.Tensor, like: torch.Tensor, axis: str) -> torch.Tensor:
 class Backward(_Collector):
     """Cotangents of a pass's reductions -> gradients of the wanted variables, streamed."""
 
-    def __init__(self, problem, wanted, backend, chunk_size):
-        super().__init__(problem, backend, chunk_size)
+    def __init__(self, problem, wanted, backend, chunk_size, ranges):
+        super().__init__(problem, backend, chunk_size, ranges)
         self.wanted = wanted
         self.pairs: list[tuple[sympy.Expr, sympy.Expr]] = []
         self.selections: list[tuple[sympy.Expr, torch.Tensor, torch.Tensor]] = []
@@ -205,7 +211,7 @@ class Backward(_Collector):
 
         if self.pairs:
             full = self.full_problem()
-            for sym, g in self._gradients(full, ir.vjp(self.pairs, self.wanted, full.info), self.backend).items():
+            for sym, g in self._gradients(full, ir.vjp(self.pairs, self.wanted, full.info), self.backend, self.ranges).items():
                 add(sym, g)
         for expr, index, cot in self.selections:
             pairs, selections = _pairs(self.full_problem(), index)
@@ -217,13 +223,13 @@ class Backward(_Collector):
             grads.setdefault(sym, torch.zeros_like(self.problem.tensors[sym]))
         return grads
 
-    def _gradients(self, problem, formulas, backend) -> dict:
+    def _gradients(self, problem, formulas, backend, ranges=None) -> dict:
         """Each wanted variable's formula summed over the axis it is not indexed by, in one pass."""
         todo = [s for s in self.wanted if formulas[s] != 0]
         reductions = [
             Sum(formulas[s], problem.info, self.problem.info[s].dim, "i" if problem.info[s].axis == "j" else "j") for s in todo
         ]
-        outs = reduce(problem, reductions, backend, self.chunk_size) if reductions else []
+        outs = reduce(problem, reductions, backend, self.chunk_size, ranges) if reductions else []
         return {s: g for s, (g,) in zip(todo, outs)}
 
     def _unpair(self, sym, contribution, index, selections):
@@ -243,8 +249,8 @@ class Backward(_Collector):
 class Forward(_Collector):
     """Input tangents -> output tangents: sums and selected values of the formulas' tangents."""
 
-    def __init__(self, problem, tangents: dict, backend, chunk_size):
-        super().__init__(problem, backend, chunk_size)
+    def __init__(self, problem, tangents: dict, backend, chunk_size, ranges):
+        super().__init__(problem, backend, chunk_size, ranges)
         self.tangents = {s: self.variable(t, problem.info[s].axis) for s, t in tangents.items()}
         self.sums: list[tuple[sympy.Expr, str, int]] = []
         self.selections: list[tuple[sympy.Expr, torch.Tensor]] = []
@@ -264,7 +270,7 @@ class Forward(_Collector):
         full = self.full_problem()
         results = {}
         live = [(k, Sum(e, full.info, dim, axis)) for k, (e, axis, dim) in enumerate(self.sums) if e != 0]
-        outs = reduce(full, [r for _, r in live], self.backend, self.chunk_size) if live else []
+        outs = reduce(full, [r for _, r in live], self.backend, self.chunk_size, self.ranges) if live else []
         for (k, _), (out,) in zip(live, outs):
             results[("sum", k)] = out
         for k, (_, axis, dim) in enumerate(self.sums):

@@ -154,17 +154,90 @@ def use_compiled(backend: str, problem: Problem) -> bool:
     return problem.size("i") * problem.size("j") >= AUTO_COMPILE_MIN_PAIRS
 
 
-def _blocks(t: torch.Tensor, extent: int, total: int, fixed: bool) -> list[torch.Tensor]:
-    """Slices of ``t`` along dim 1; ``fixed``: each a fresh (B, extent, D) buffer, zero-padded."""
-    parts = []
-    for start in range(0, total, extent):
-        part = t[:, start:start + extent]
-        if fixed:
-            buffer = t.new_zeros(t.shape[0], extent, t.shape[2])
-            buffer[:, : part.shape[1]] = part
-            part = buffer
-        parts.append(part)
-    return parts
+def _block(t: torch.Tensor, start: int, stop: int, extent: int, fixed: bool) -> torch.Tensor:
+    """``t[:, start:stop]``; ``fixed``: a fresh (B, extent, D) buffer, zero-padded (fixed shape and strides)."""
+    part = t[:, start:stop]
+    if fixed:
+        buffer = t.new_zeros(t.shape[0], extent, t.shape[2])
+        buffer[:, : part.shape[1]] = part
+        part = buffer
+    return part
+
+
+# -- block-sparse reductions (KeOps's ``ranges``) ---------------------------------------------
+def check_ranges(ranges, problem: Problem, axis: str):
+    """KeOps's ``ranges`` 6-tuple -> this reduction's (row clusters, slices, column ranges), as lists.
+
+    ``(ranges_i, slices_i, redranges_j)`` serve reductions over j,
+    ``(ranges_j, slices_j, redranges_i)`` reductions over i (``problem`` is
+    already oriented so that its rows are the kept axis): row cluster k
+    ([start, end) rows) reduces over the column ranges
+    ``redranges[slices[k-1]:slices[k]]`` only; rows in no cluster reduce over nothing.
+    """
+    if ranges is None:
+        return None
+    if not isinstance(ranges, (tuple, list)) or len(ranges) != 6:
+        raise ValueError("ranges must be KeOps's 6-tuple (ranges_i, slices_i, redranges_j, ranges_j, slices_j, redranges_i)")
+    clusters, slices, spans = (torch.as_tensor(r).tolist() for r in (ranges[:3] if axis == "j" else ranges[3:]))
+    rows, cols = problem.size("i"), problem.size("j")
+    for name, pairs, size in (("ranges (row clusters)", clusters, rows), ("ranges (reduction ranges)", spans, cols)):
+        if any(len(p) != 2 or not 0 <= p[0] <= p[1] <= size for p in pairs):
+            raise ValueError(f"{name} must be [start, end) pairs inside [0, {size}], got {pairs}")
+    if len(slices) != len(clusters) or any(b < a for a, b in zip([0] + slices, slices)) or (slices and slices[-1] > len(spans)):
+        raise ValueError(f"ranges: slices must be {len(clusters)} non-decreasing ends into the {len(spans)} reduction ranges, "
+                         f"got {slices}")
+    return clusters, slices, spans
+
+
+def _merged_spans(ranges) -> list[tuple[int, int, list]]:
+    """Each row cluster with its column ranges sorted and merged where they touch, clusters by start."""
+    clusters, slices, spans = ranges
+    out = []
+    for k, (a, b) in enumerate(clusters):
+        merged: list[list[int]] = []
+        for c0, c1 in sorted(spans[(slices[k - 1] if k else 0): slices[k]]):
+            if c1 <= c0:
+                continue
+            if merged and c0 <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], c1)
+            else:
+                merged.append([c0, c1])
+        out.append((a, b, merged))
+    out.sort()
+    if any(a1 < b0 for (_, b0, _), (a1, _, _) in zip(out, out[1:])):
+        raise ValueError("ranges: row clusters overlap")
+    return out
+
+
+def _pieces(start: int, stop: int, extent: int) -> list[tuple[int, int]]:
+    return [(a, min(a + extent, stop)) for a in range(start, stop, extent)]
+
+
+def tile_schedule(n: int, m: int, plan: TilePlan, clusters) -> list[tuple[tuple[int, int], list[tuple[int, int]]]]:
+    """Row blocks covering [0, n) in order, each with the column blocks it reduces over (at most one tile each).
+
+    Dense: every column block. Block-sparse (``clusters`` from ``_merged_spans``):
+    a cluster's rows visit its own column ranges only; rows in no cluster get
+    one fully padded tile, (0, 0), so every reduction returns its empty value.
+    """
+    if clusters is None:
+        columns = _pieces(0, m, plan.cols)
+        return [(r, columns) for r in _pieces(0, n, plan.rows)]
+    schedule, at = [], 0
+    for a, b, merged in clusters:
+        schedule += [(r, [(0, 0)]) for r in _pieces(at, a, plan.rows)]
+        columns = [p for c0, c1 in merged for p in _pieces(c0, c1, plan.cols)] or [(0, 0)]
+        schedule += [(r, columns) for r in _pieces(a, b, plan.rows)]
+        at = b
+    return schedule + [(r, [(0, 0)]) for r in _pieces(at, n, plan.rows)]
+
+
+def _sparse_plan(plan: TilePlan, clusters, compiled: bool) -> TilePlan:
+    """Tiles no larger than the largest cluster and merged column range (a power of two when compiled)."""
+    rows = max([b - a for a, b, _ in clusters] + [1])
+    cols = max([c1 - c0 for _, _, merged in clusters for c0, c1 in merged] + [1])
+    fit = bucket if compiled else (lambda size: size)
+    return TilePlan(min(plan.rows, fit(rows)), min(plan.cols, fit(cols)))
 
 
 def _valid(width: int, valid: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -191,16 +264,20 @@ def _expansion_safe(problem: Problem) -> bool:
     return all(bool(torch.isfinite(t).all()) for s, t in problem.tensors.items() if problem.info[s].axis != "p")
 
 
-def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_size=None):
+def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_size=None, ranges=None):
     """One pass over all tiles; returns each consumer's finalized outputs.
 
     Consumers reducing over j return (B, N, ...) tensors, column sums (B, M, D).
+    ``ranges`` (from ``check_ranges``) restricts the pass to the kept blocks.
     """
     n, m, batch = problem.size("i"), problem.size("j"), problem.batch
     if n == 0 or m == 0:
         return [c.empty(batch, n if c.reduced_axis == "j" else m, problem.dtype, problem.device) for c in consumers]
     compiled = use_compiled(backend, problem)
     plan = plan_tiles(problem, consumers, chunk_size, compiled)
+    clusters = None if ranges is None else _merged_spans(ranges)
+    if clusters is not None and chunk_size is None:
+        plan = _sparse_plan(plan, clusters, compiled)
     problem, exprs = _lifted(problem, consumers)
     expand = _expansion_safe(problem)
     i_syms, j_syms, p_syms = (problem.axis_symbols(a) for a in ir.AXES)
@@ -217,22 +294,29 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
     kernel = kernels.tile_kernel(consumers, exprs, problem.info, problem.order, key=key, compiled=compiled, expand=expand)
     params = [tensors[s] for s in p_syms]
     device, dtype = problem.device, problem.dtype
-    col_blocks = [_blocks(tensors[s], plan.cols, m, compiled) for s in j_syms]
-    col_masks = [_valid(b.shape[1], min(plan.cols, m - c0), dtype, device).view(1, 1, -1, 1)
-                 for b, c0 in zip(col_blocks[0], range(0, m, plan.cols))]
-    row_blocks = [_blocks(tensors[s], plan.rows, n, compiled) for s in i_syms]
+    column_blocks: dict[tuple[int, int], tuple] = {}
+
+    def columns(c0: int, c1: int):
+        """The j-blocks and column mask of [c0, c1); (0, 0) is one fully padded tile."""
+        if (c0, c1) not in column_blocks:
+            stop = c1 if c1 > c0 else min(plan.cols, m)
+            blocks = [_block(tensors[s], c0, stop, plan.cols, compiled) for s in j_syms]
+            mask = _valid(blocks[0].shape[1], c1 - c0, dtype, device).view(1, 1, -1, 1)
+            column_blocks[(c0, c1)] = (blocks, mask)
+        return column_blocks[(c0, c1)]
+
     by_column = [c.reduced_axis == "i" for c in consumers]  # column sums: state spans all columns
     results: list[list[tuple]] = [[] for _ in consumers]
     column_states = {k: c.initial_state(batch, m, dtype, device) for k, c in enumerate(consumers) if by_column[k]}
-    for r, r0 in enumerate(range(0, n, plan.rows)):
-        rows = [blocks[r] for blocks in row_blocks]
-        valid_rows = min(plan.rows, n - r0)
+    for (r0, r1), column_ranges in tile_schedule(n, m, plan, clusters):
+        rows = [_block(tensors[s], r0, r1, plan.rows, compiled) for s in i_syms]
+        valid_rows = r1 - r0
         rowmask = _valid(rows[0].shape[1], valid_rows, dtype, device).view(1, -1, 1, 1)
         states = [column_states.get(k) for k in range(len(consumers))]
-        for c, c0 in enumerate(range(0, m, plan.cols)):
-            cols = [blocks[c] for blocks in col_blocks]
-            partials = kernel(rows, cols, params, col_masks[c], rowmask)
-            at = [slice(c0, c0 + plan.cols) if column else c0 for column in by_column]
+        for c0, c1 in column_ranges:
+            cols, mask = columns(c0, c1)
+            partials = kernel(rows, cols, params, mask, rowmask)
+            at = [slice(c0, c1) if column else c0 for column in by_column]
             states = [cons.combine(st, p, a) for cons, st, p, a in zip(consumers, states, partials, at)]
         for k, cons in enumerate(consumers):
             if not by_column[k]:

@@ -38,11 +38,18 @@ def merge(state, partial):
     return (top, *(s0 * a0 + s1 * a1 for s0, s1 in zip(rest0, rest1)))
 
 
-def _shifted(values, mask):
+def shifted(values, mask):
     """exp(F - rowmax) over a tile's columns, padded columns 0; and the row max (B, n, C)."""
     f = masked(values, mask, -math.inf)
     top = f.amax(2)
     return torch.exp(f - finite(top).unsqueeze(2)), top
+
+
+def weighted_sum(p, v, mask):
+    """sum_j p_ij v_ij over a tile's columns: p (B, n, m, 1), v a lowered value (one matmul when v is j-only)."""
+    if isinstance(v, torch.Tensor) and v.dim() == 4 and v.shape[1] == 1:
+        return torch.matmul(p[..., 0], column_side(v).expand(p.shape[0], -1, -1))
+    return (p * masked(v, mask, 0.0)).sum(2)
 
 
 class _OnlineSoftmax(Reduction):
@@ -72,7 +79,7 @@ class LogSumExp(_OnlineSoftmax):
         self.signature = ("lse", self.dim)
 
     def partial(self, values, mask):
-        p, top = _shifted(values[0], mask)
+        p, top = shifted(values[0], mask)
         return top, p.sum(2)
 
     def finalize(self, state, rows, batch):
@@ -115,14 +122,8 @@ class SoftmaxWeightedSum(_OnlineSoftmax):
         self.signature = ("softmax", self.dim)
 
     def partial(self, values, mask):
-        p, top = _shifted(values[0], mask)
-        p = p[..., 0]  # (B, n, m)
-        v = values[1]
-        if isinstance(v, torch.Tensor) and v.dim() == 4 and v.shape[1] == 1:  # j-only values: one matmul
-            weighted = torch.matmul(p, column_side(v).expand(p.shape[0], -1, -1))
-        else:
-            weighted = (p[..., None] * masked(v, mask, 0.0)).sum(2)
-        return top, p.sum(-1, keepdim=True), weighted
+        p, top = shifted(values[0], mask)
+        return top, p.sum(2), weighted_sum(p, values[1], mask)
 
     def finalize(self, state, rows, batch):
         top, total, weighted = state
