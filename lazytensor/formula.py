@@ -31,10 +31,11 @@ class LazyTensor:
 
     __array_priority__ = 1000  # make `tensor * lazy` dispatch to us
     __array_ufunc__ = None  # and `ndarray * lazy` too
+    ranges = None  # KeOps's block-sparsity attribute: ``K.ranges = from_matrix(...)`` applies to K's reductions
 
     def __init__(self, x, axis=None):
         if isinstance(x, LazyTensor):
-            self.expr, self.variables, self.width = x.expr, x.variables, x.width
+            self.expr, self.variables, self.width, self.ranges = x.expr, x.variables, x.width, x.ranges
             return
         if isinstance(x, np.generic) and not isinstance(x, np.ndarray):
             x = x.item()
@@ -74,6 +75,7 @@ class LazyTensor:
         out.variables = {}
         for p in parents:
             out.variables.update(p.variables)
+        out.ranges = next((p.ranges for p in parents if p.ranges is not None), None)
         out.expr = expr
         widths = {ir.feature_dim(expr, out.info)}  # raises on feature sizes that do not broadcast
         if width is None:
@@ -587,7 +589,7 @@ class LazyTensor:
 
     def quantile(self, q, dim=1, **options):
         """Exact q-quantile over the axis with torch.quantile's linear interpolation."""
-        if options.get("ranges") is not None:
+        if options.get("ranges", self.ranges) is not None:
             raise ValueError("quantile does not support ranges (block-sparse reductions)")
         make = lambda e, p: reductions.Quantile(e, p.info, q, p.size("j"), p.dtype, p.device)  # noqa: E731
 
@@ -617,6 +619,7 @@ class LazyTensor:
         vector = b.ndim == 1
         if vector and options.get("out") is not None:
             options = {**options, "out": options["out"][..., None]}
+        options = {"ranges": self.ranges, **options}
         out = (self * LazyTensor(b[:, None] if vector else b, "j")).sum(1, **options)
         return out[..., 0] if vector else out
 
@@ -642,6 +645,7 @@ class LazyTensor:
             variables[new] = _Variable({"i": "j", "j": "i"}[v.axis], v.tensor, v.follows_dtype, v.numpy)
         out = LazyTensor.__new__(LazyTensor)
         out.expr, out.variables, out.width = self.expr.xreplace(renamed), variables, self.width
+        out.ranges = None if self.ranges is None else (*self.ranges[3:6], *self.ranges[0:3])
         return out
 
     @property
@@ -697,7 +701,7 @@ class LazyTensor:
         engine.check_chunk_size(chunk_size)
         source = self if values is None else LazyTensor._build(self.expr, self, values, width=self.width)
         problem, batch = source.problem(axis)
-        ranges = engine.check_ranges(options.get("ranges"), problem, axis)
+        ranges = engine.check_ranges(options.get("ranges", self.ranges), problem, axis)
         if ranges is not None and batch:
             raise ValueError("ranges (block-sparse reductions) are not supported with batch dimensions")
         reduction = make(ir.numeric(self.expr), problem)

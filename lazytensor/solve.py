@@ -106,6 +106,7 @@ def kernel_solve(K: LazyTensor, b, alpha=1e-10, **options):
     n, m = K.shape[:2]
     if n != m:
         raise ValueError(f"solve needs a square kernel matrix, got {n} x {m}")
+    options = {"ranges": K.ranges, **options}
     as_numpy = isinstance(b, np.ndarray) or K._numpy
     b_t = torch.from_numpy(b) if isinstance(b, np.ndarray) else b
     if not isinstance(b_t, torch.Tensor) or b_t.dim() not in (1, 2) or b_t.shape[0] != n:
