@@ -526,7 +526,7 @@ class LazyTensor:
         make = lambda e, p: reductions.SoftmaxWeightedSum(e, ir.numeric(values.expr), p.info)  # noqa: E731
         return self._reduce(make, dim, options, values=values)[0]
 
-    sumsoftmaxweight = softmax_weighted_sum
+    sumsoftmaxweight = sumsoftmaxweight_reduction = softmax_weighted_sum
 
     def min_argmin(self, dim=1, **options):
         return self._reduce(lambda e, p: reductions.ArgMin(e, p.info), dim, options, public=self._widened)
@@ -574,6 +574,7 @@ class LazyTensor:
         return self._kmin(k, dim, options, lambda outs: outs[1:])[0]
 
     Kmin, argKmin, Kmin_argKmin = kmin, argkmin, kmin_argkmin
+    Kmin_reduction, argKmin_reduction, Kmin_argKmin_reduction = kmin, argkmin, kmin_argkmin
 
     def _kmin(self, k, dim, options, pick):
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:

@@ -170,7 +170,7 @@ class SinXDivXDiff(sympy.Function):
     nargs = 2
 
     def fdiff(self, argindex=1):
-        return SinXDivXDiff(self.args[0], self.args[1] + 1)
+        return SinXDivXDiff(self.args[0], self.args[1] + 1) if argindex == 1 else sympy.Integer(0)
 
     def expansion(self, arg: sympy.Expr) -> sympy.Expr:
         """The closed form away from 0."""

@@ -14,7 +14,7 @@ import sympy
 import torch
 
 from .. import ir
-from .softmax import _OnlineSoftmax, finite, shifted, weighted_sum
+from .softmax import _OnlineSoftmax, finite, scalar_with_weights, shifted, weighted_sum
 
 
 class LogSumExpWeight(_OnlineSoftmax):
@@ -22,13 +22,8 @@ class LogSumExpWeight(_OnlineSoftmax):
 
     name = "logsumexp_weight"
 
-    def __init__(self, expr: sympy.Expr, weight: sympy.Expr, info: dict):
-        if ir.feature_dim(expr, info) != 1:
-            raise ValueError("logsumexp with a weight needs a formula of feature size 1 (the weight may have several)")
-        self.expr, self.weight = expr, weight
-        self.dim = ir.feature_dim(weight, info)
-        self.expressions = [expr, weight]
-        self.signature = ("lse_weight", self.dim)
+    def __init__(self, expr: sympy.Expr, weights: sympy.Expr, info: dict):
+        scalar_with_weights(self, expr, weights, info)
 
     def partial(self, values, mask):
         p, top = shifted(values[0], mask)
@@ -51,11 +46,11 @@ class LogSumExpWeight(_OnlineSoftmax):
             per_feature = per_feature + collector.variable(grads[0], "i") * weight
         if grads[1] is not None:  # d total = sum_j exp(F - shift) (dF G + dG)
             per_feature = per_feature + collector.variable(grads[1], "i") * unnormalized
-        collector.cotangent(self.expr, ir.feature_sum(per_feature * self.weight, self.dim))
-        collector.cotangent(self.weight, per_feature)
+        collector.cotangent(self.expr, ir.feature_sum(per_feature * self.weights, self.dim))
+        collector.cotangent(self.weights, per_feature)
 
     def jvp(self, collector, outs):
         _, unnormalized = self._weight(collector, outs)
-        tangent = collector.tangent(self.expr) * self.weight + collector.tangent(self.weight)
+        tangent = collector.tangent(self.expr) * self.weights + collector.tangent(self.weights)
         handle = collector.summed(unnormalized * tangent, "j", self.dim)
         return lambda results: (results[handle] / outs[1], results[handle], torch.zeros_like(outs[2]))

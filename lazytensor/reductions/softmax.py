@@ -45,6 +45,16 @@ def shifted(values, mask):
     return torch.exp(f - finite(top).unsqueeze(2)), top
 
 
+def scalar_with_weights(reduction, expr: sympy.Expr, weights: sympy.Expr, info: dict) -> None:
+    """The constructor of every softmax-type reduction: a scalar formula F and weights G of E features."""
+    if ir.feature_dim(expr, info) != 1:
+        raise ValueError(f"{reduction.name}: the formula must have feature size 1 (the weights may have several)")
+    reduction.expr, reduction.weights = expr, weights
+    reduction.dim = ir.feature_dim(weights, info)
+    reduction.expressions = [expr, weights]
+    reduction.signature = (reduction.name, reduction.dim)
+
+
 def weighted_sum(p, v, mask):
     """sum_j p_ij v_ij over a tile's columns: p (B, n, m, 1), v a lowered value (one matmul when v is j-only)."""
     if isinstance(v, torch.Tensor) and v.dim() == 4 and v.shape[1] == 1:
@@ -114,12 +124,7 @@ class SoftmaxWeightedSum(_OnlineSoftmax):
     name = "softmax_weighted_sum"
 
     def __init__(self, expr: sympy.Expr, values: sympy.Expr, info: dict):
-        if ir.feature_dim(expr, info) != 1:
-            raise ValueError("softmax_weighted_sum: the formula must have feature size 1")
-        self.expr, self.values = expr, values
-        self.dim = ir.feature_dim(values, info)
-        self.expressions = [expr, values]
-        self.signature = ("softmax", self.dim)
+        scalar_with_weights(self, expr, values, info)
 
     def partial(self, values, mask):
         p, top = shifted(values[0], mask)
@@ -139,8 +144,8 @@ class SoftmaxWeightedSum(_OnlineSoftmax):
         cot_f = 0
         if grads[0] is not None:
             g, out = collector.variable(grads[0], "i"), collector.variable(outs[0], "i")
-            cot_f = weight * (ir.feature_sum(g * self.values, self.dim) - ir.feature_sum(g * out, self.dim))
-            collector.cotangent(self.values, weight * g)
+            cot_f = weight * (ir.feature_sum(g * self.weights, self.dim) - ir.feature_sum(g * out, self.dim))
+            collector.cotangent(self.weights, weight * g)
         if grads[1] is not None:
             cot_f = cot_f + collector.variable(grads[1], "i") * unnormalized
         collector.cotangent(self.expr, cot_f)
@@ -149,6 +154,6 @@ class SoftmaxWeightedSum(_OnlineSoftmax):
         weight, unnormalized = self._weight(collector, outs)
         out = collector.variable(outs[0], "i")
         df = collector.tangent(self.expr)
-        h_out = collector.summed(weight * (df * (self.values - out) + collector.tangent(self.values)), "j", self.dim)
+        h_out = collector.summed(weight * (df * (self.weights - out) + collector.tangent(self.weights)), "j", self.dim)
         h_total = collector.summed(unnormalized * df, "j", 1)
         return lambda results: (results[h_out], results[h_total], torch.zeros_like(outs[2]))

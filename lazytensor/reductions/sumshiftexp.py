@@ -16,7 +16,7 @@ import torch
 
 from .. import ir
 from .base import Reduction, channels_at_selection, masked, select_channels
-from .softmax import finite, merge, weighted_sum
+from .softmax import finite, merge, scalar_with_weights, weighted_sum
 
 
 class MaxSumShiftExp(Reduction):
@@ -25,13 +25,8 @@ class MaxSumShiftExp(Reduction):
     name = "max_sumshiftexp"
     differentiable = (True, True, False)
 
-    def __init__(self, expr: sympy.Expr, weight: sympy.Expr, info: dict):
-        if ir.feature_dim(expr, info) != 1:
-            raise ValueError("max_sumshiftexp needs a formula of feature size 1 (the weight may have several)")
-        self.expr, self.weight = expr, weight
-        self.dim = ir.feature_dim(weight, info)
-        self.expressions = [expr, weight]
-        self.signature = ("max_sumshiftexp", self.dim)
+    def __init__(self, expr: sympy.Expr, weights: sympy.Expr, info: dict):
+        scalar_with_weights(self, expr, weights, info)
 
     def partial(self, values, mask):
         f = masked(values[0], mask, -math.inf)
@@ -65,14 +60,14 @@ class MaxSumShiftExp(Reduction):
         at_max = torch.zeros_like(outs[0]) if grads[0] is None else grads[0]
         if grads[1] is not None:  # ds = sum_j exp(F - m) (dF G + dG) - s dm
             unnormalized, g = self._unnormalized(collector, outs), collector.variable(grads[1], "i")
-            collector.cotangent(self.expr, unnormalized * ir.feature_sum(g * self.weight, self.dim))
-            collector.cotangent(self.weight, unnormalized * g)
+            collector.cotangent(self.expr, unnormalized * ir.feature_sum(g * self.weights, self.dim))
+            collector.cotangent(self.weights, unnormalized * g)
             at_max = at_max - (grads[1] * outs[1]).sum(-1, keepdim=True)
         select_channels(collector, self.expr, outs[2].unsqueeze(2), at_max.unsqueeze(2))
 
     def jvp(self, collector, outs):
         unnormalized = self._unnormalized(collector, outs)
-        tangent = collector.tangent(self.expr) * self.weight + collector.tangent(self.weight)
+        tangent = collector.tangent(self.expr) * self.weights + collector.tangent(self.weights)
         handle = collector.summed(unnormalized * tangent, "j", self.dim)
         pick = channels_at_selection(collector, self.expr, outs[2].unsqueeze(2))
 
