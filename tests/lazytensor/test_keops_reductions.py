@@ -91,7 +91,7 @@ def test_max_sumshiftexp_gives_logsumexp_and_softmax():
     torch.testing.assert_close(s[:, :2] / s[:, 2:], K.softmax_weighted_sum(w, 1))
 
 
-def test_new_reductions_under_torch_func_jvp():
+def test_new_reductions_under_torch_func_jvp_and_vmap():
     x, y, w = problem(torch.float64)
     tx = torch.randn_like(x)
 
@@ -106,6 +106,9 @@ def test_new_reductions_under_torch_func_jvp():
     _, tl = torch.func.jvp(lazy, (x.detach(),), (tx,))
     _, td = torch.func.jvp(dense, (x.detach(),), (tx,))
     for a, b in zip(tl, td):
+        torch.testing.assert_close(a, b)
+    xs = torch.stack([x.detach(), x.detach() + 0.5])  # vmap: the mapped dimension joins the batch
+    for a, b in zip(torch.func.vmap(lazy)(xs), torch.func.vmap(dense)(xs)):
         torch.testing.assert_close(a, b)
 
 
