@@ -4,13 +4,13 @@
     K = (-Pm(g) * Vi(x).sqdist(Vj(y))).exp()      # symbolic N x M kernel
     out = K @ b                                     # streamed: never N x M in memory
 """
-from . import distributed
+from . import cluster, distributed
 from .events import stream
 from .formula import LazyTensor, Pm, Vi, Vj, lazy, where
 from .ops import attention, distance_quantile, distance_sum, kernel_regression, knn_regression, rbf_matmul
 from .parse import formula
 
 __all__ = [
-    "LazyTensor", "Vi", "Vj", "Pm", "lazy", "where", "formula", "stream", "distributed",
+    "LazyTensor", "Vi", "Vj", "Pm", "lazy", "where", "formula", "stream", "cluster", "distributed",
     "distance_sum", "rbf_matmul", "distance_quantile", "kernel_regression", "knn_regression", "attention",
 ]

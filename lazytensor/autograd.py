@@ -30,14 +30,23 @@ from .reductions import Sum
 
 @dataclass(frozen=True, eq=False)
 class Pass:
-    """A pass's static part: the variables' IR info and order, the reductions and the run options."""
+    """A pass's static part: the variables' IR info and order, the reductions and the run options.
+
+    ``ranges`` (block-sparse, from ``engine.check_ranges``) applies to every
+    pass of the same problem: forward, backward sums and forward-mode sums.
+    """
 
     info: dict
     order: tuple
     reductions: tuple
     backend: str
     chunk_size: object
+    ranges: object = None  # block-sparse: the (row block, column block) pairs to visit
     sharding: object = None  # lazytensor.distributed.Sharding: the j axis is this rank's shard
+
+    @property
+    def options(self) -> dict:
+        return dict(backend=self.backend, chunk_size=self.chunk_size, ranges=self.ranges, sharding=self.sharding)
 
     def problem(self, tensors) -> engine.Problem:
         return engine.Problem(self.info, dict(zip(self.order, tensors)), list(self.order))
@@ -54,8 +63,9 @@ class Pass:
 def _run(spec: Pass, tensors) -> list[tuple]:
     problem = spec.problem(tensors)
     single = [r for r in spec.reductions if r.single_pass]
-    options = dict(backend=spec.backend, chunk_size=spec.chunk_size, sharding=spec.sharding)
+    options = spec.options
     streamed = iter(engine.stream(problem, single, **options) if single else [])
+    del options["ranges"]  # multi-pass reductions (quantile) visit every tile
     return [next(streamed) if r.single_pass else r.run(problem, **options) for r in spec.reductions]
 
 
@@ -86,7 +96,7 @@ class Streamed(torch.autograd.Function):
     def backward(ctx, *grads):
         spec, problem, outs = Streamed._saved(ctx)
         wanted = [s for s, need in zip(spec.order, ctx.needs_input_grad[1:]) if need]
-        collector = Backward(problem, wanted, spec.backend, spec.chunk_size, spec.sharding)
+        collector = Backward(problem, wanted, spec.options)
         for reduction, o, g in zip(spec.reductions, outs, spec.split(grads)):
             g = tuple(gi if flag else None for gi, flag in zip(g, reduction.differentiable))
             if wanted and any(gi is not None for gi in g):
@@ -98,7 +108,7 @@ class Streamed(torch.autograd.Function):
     def jvp(ctx, *tangents):
         spec, problem, outs = Streamed._saved(ctx)
         given = {s: t for s, t in zip(spec.order, tangents[1:]) if t is not None}
-        collector = Forward(problem, given, spec.backend, spec.chunk_size, spec.sharding)
+        collector = Forward(problem, given, spec.options)
         finish = [reduction.jvp(collector, o) for reduction, o in zip(spec.reductions, outs)]
         results = collector.run()
         flat = []
@@ -125,21 +135,23 @@ class Streamed(torch.autograd.Function):
         return tuple(o.reshape(count, batch, *o.shape[1:]) for o in outs), (0,) * len(outs)
 
 
-def reduce(problem: engine.Problem, reductions, backend: str = "auto", chunk_size=None, sharding=None) -> list[tuple]:
+def reduce(problem: engine.Problem, reductions, backend: str = "auto", chunk_size=None, *, ranges=None,
+           sharding=None) -> list[tuple]:
     """The outputs of each reduction of ``problem`` (reducing its j axis; sums may reduce i), differentiable.
 
-    With a ``sharding`` the j axis is this rank's shard and the outputs are the full results.
+    ``ranges`` restricts the pass to blocks (block-sparse); with a ``sharding``
+    the j axis is this rank's shard and the outputs are the full results.
     """
     spec = Pass(problem.info, tuple(problem.order), tuple(reductions), engine.check_backend(backend), chunk_size,
-                sharding)
+                ranges, sharding)
     flat = Streamed.apply(spec, *[problem.tensors[s] for s in problem.order])
     return spec.split(flat)
 
 
 # -- collectors: what reductions ask for while differentiating ------------------------------
 class _Collector:
-    def __init__(self, problem: engine.Problem, backend, chunk_size, sharding=None):
-        self.problem, self.backend, self.chunk_size, self.sharding = problem, backend, chunk_size, sharding
+    def __init__(self, problem: engine.Problem, options: dict):
+        self.problem, self.options, self.sharding = problem, options, options["sharding"]
         self.extra: dict[sympy.Symbol, tuple[torch.Tensor, str]] = {}
         self.info = dict(problem.info)
 
@@ -161,6 +173,9 @@ class _Collector:
         index = index - sum(self.sharding.sizes(m, index.device)[: self.sharding.rank])
         mine = (index >= 0) & (index < m)
         return index.clamp(0, max(m - 1, 0)), mine
+
+
+_PAIRS = dict(backend="eager", ranges=None, sharding=None)  # a pair problem: local, one column, every pair
 
 
 def _pairs(problem: engine.Problem, index: torch.Tensor) -> tuple[engine.Problem, int]:
@@ -197,8 +212,8 @@ def _fit(grad: torch.Tensor, like: torch.Tensor, axis: str) -> torch.Tensor:
 class Backward(_Collector):
     """Cotangents of a pass's reductions -> gradients of the wanted variables, streamed."""
 
-    def __init__(self, problem, wanted, backend, chunk_size, sharding=None):
-        super().__init__(problem, backend, chunk_size, sharding)
+    def __init__(self, problem, wanted, options: dict):
+        super().__init__(problem, options)
         self.wanted = wanted
         self.pairs: list[tuple[sympy.Expr, sympy.Expr]] = []
         self.selections: list[tuple[sympy.Expr, torch.Tensor, torch.Tensor]] = []
@@ -220,7 +235,7 @@ class Backward(_Collector):
 
         if self.pairs:
             full = self.full_problem()
-            for sym, g in self._gradients(full, ir.vjp(self.pairs, self.wanted, full.info), self.backend).items():
+            for sym, g in self._gradients(full, ir.vjp(self.pairs, self.wanted, full.info)).items():
                 add(sym, g)
         for expr, index, cot in self.selections:
             index, mine = self.local(index)  # sharded: each rank differentiates the pairs in its shard
@@ -232,7 +247,7 @@ class Backward(_Collector):
                 g = pairs.extended({ir.new_variable_symbol(): (cot.reshape(cot.shape[0], -1, cot.shape[-1]), "i")})
                 formulas = ir.vjp([(expr, g.order[-1])], self.wanted, g.info)
                 contributions = {sym: self._unpair(sym, c, index, selections)
-                                 for sym, c in self._gradients(g, formulas, "eager", sharding=None).items()}
+                                 for sym, c in self._gradients(g, formulas, **_PAIRS).items()}
             for sym in self.wanted:
                 if self.sharding is not None and self.problem.info[sym].axis != "j":  # replicated: every rank's pairs
                     contributions[sym] = self.sharding.all_reduce(
@@ -243,14 +258,13 @@ class Backward(_Collector):
             grads.setdefault(sym, torch.zeros_like(self.problem.tensors[sym]))
         return grads
 
-    def _gradients(self, problem, formulas, backend, sharding="same") -> dict:
+    def _gradients(self, problem, formulas, **overrides) -> dict:
         """Each wanted variable's formula summed over the axis it is not indexed by, in one pass."""
         todo = [s for s in self.wanted if formulas[s] != 0]
         reductions = [
             Sum(formulas[s], problem.info, self.problem.info[s].dim, "i" if problem.info[s].axis == "j" else "j") for s in todo
         ]
-        sharding = self.sharding if sharding == "same" else sharding
-        outs = reduce(problem, reductions, backend, self.chunk_size, sharding) if reductions else []
+        outs = reduce(problem, reductions, **{**self.options, **overrides}) if reductions else []
         return {s: g for s, (g,) in zip(todo, outs)}
 
     def _unpair(self, sym, contribution, index, selections):
@@ -270,8 +284,8 @@ class Backward(_Collector):
 class Forward(_Collector):
     """Input tangents -> output tangents: sums and selected values of the formulas' tangents."""
 
-    def __init__(self, problem, tangents: dict, backend, chunk_size, sharding=None):
-        super().__init__(problem, backend, chunk_size, sharding)
+    def __init__(self, problem, tangents: dict, options: dict):
+        super().__init__(problem, options)
         self.tangents = {s: self.variable(t, problem.info[s].axis) for s, t in tangents.items()}
         self.sums: list[tuple[sympy.Expr, str, int]] = []
         self.selections: list[tuple[sympy.Expr, torch.Tensor]] = []
@@ -291,7 +305,7 @@ class Forward(_Collector):
         full = self.full_problem()
         results = {}
         live = [(k, Sum(e, full.info, dim, axis)) for k, (e, axis, dim) in enumerate(self.sums) if e != 0]
-        outs = reduce(full, [r for _, r in live], self.backend, self.chunk_size, self.sharding) if live else []
+        outs = reduce(full, [r for _, r in live], **self.options) if live else []
         for (k, _), (out,) in zip(live, outs):
             results[("sum", k)] = out
         for k, (_, axis, dim) in enumerate(self.sums):
@@ -303,7 +317,7 @@ class Forward(_Collector):
             values = torch.zeros(*index.shape, ir.feature_dim(expr, full.info), dtype=full.dtype, device=full.device)
             if expr != 0 and full.size("j") > 0:
                 pairs, selections = _pairs(full, index)
-                ((values,),) = reduce(pairs, [Sum(expr, pairs.info)], "eager")
+                ((values,),) = reduce(pairs, [Sum(expr, pairs.info)], **{**self.options, **_PAIRS})
                 values = values.reshape(values.shape[0], index.shape[1], selections, -1)
             if mine is not None:  # sharded: each rank evaluates the pairs in its shard
                 values = self.sharding.all_reduce(values * mine.unsqueeze(-1))

@@ -60,6 +60,7 @@ class Problem:
     info: dict[sympy.Symbol, ir.VarInfo]
     tensors: dict[sympy.Symbol, torch.Tensor]
     order: list[sympy.Symbol] = field(default_factory=list)
+    total: int | None = None  # the reduced axis's size over every rank when it is sharded
 
     def __post_init__(self):
         if not self.order:
@@ -73,6 +74,11 @@ class Problem:
         if not syms:
             raise ValueError(f"the formula has no {axis}-indexed variable")
         return self.tensors[syms[0]].shape[1]
+
+    @property
+    def reduced_size(self) -> int:
+        """How many entries the j axis reduces over (all ranks' when sharded)."""
+        return self.size("j") if self.total is None else self.total
 
     @property
     def batch(self) -> int:
@@ -178,25 +184,119 @@ def use_compiled(backend: str, problem: Problem, formula_key=None) -> bool:
     return kernels.compiled_before(formula_key) or kernels.eager_seconds(formula_key) >= COMPILE_AFTER_SECONDS
 
 
-def _blocks(t: torch.Tensor, extent: int, total: int, fixed: bool, features_first: bool) -> list[torch.Tensor]:
-    """Slices of ``t`` along dim 1; ``fixed``: each a fresh (B, extent, D) buffer, zero-padded.
+def _block(t: torch.Tensor, start: int, stop: int, extent: int, fixed: bool, features_first: bool = False) -> torch.Tensor:
+    """``t[:, start:stop]``; ``fixed``: a fresh zero-padded buffer of ``extent`` rows (fixed shape and strides).
 
-    ``features_first`` stores each block as (B, D, extent): column blocks are
-    read by the tile with the column index innermost, and contiguous loads
-    along it are what lets the compiler vectorize the tile (a (m, 3) block
-    read with stride 3 runs scalar code, ~5x slower).
+    ``features_first`` stores the block as (B, D, rows): column blocks are read
+    by the tile with the column index innermost, and contiguous loads along it
+    are what lets the compiler vectorize the tile (a (m, 3) block read with
+    stride 3 runs scalar code, ~3x slower).
     """
-    parts = []
-    for start in range(0, total, extent):
-        part = t[:, start:start + extent]
-        width = extent if fixed else part.shape[1]
-        shape = (t.shape[0], t.shape[2], width) if features_first else (t.shape[0], width, t.shape[2])
-        if fixed or features_first:
-            buffer = t.new_zeros(shape)
-            (buffer.transpose(1, 2) if features_first else buffer)[:, : part.shape[1]] = part
-            part = buffer
-        parts.append(part)
-    return parts
+    part = t[:, start:stop]
+    if not (fixed or features_first):
+        return part
+    width = extent if fixed else part.shape[1]
+    buffer = t.new_zeros((t.shape[0], t.shape[2], width) if features_first else (t.shape[0], width, t.shape[2]))
+    (buffer.transpose(1, 2) if features_first else buffer)[:, : part.shape[1]] = part
+    return buffer
+
+
+# -- block-sparse reductions (KeOps's ``ranges``) ---------------------------------------------
+def check_ranges(ranges, problem: Problem, axis: str):
+    """KeOps's ``ranges`` 6-tuple -> this reduction's (row clusters, slices, column ranges), as lists.
+
+    ``(ranges_i, slices_i, redranges_j)`` serve reductions over j,
+    ``(ranges_j, slices_j, redranges_i)`` reductions over i (``problem`` is
+    already oriented so that its rows are the kept axis): row cluster k
+    ([start, end) rows) reduces over the column ranges
+    ``redranges[slices[k-1]:slices[k]]`` only; rows in no cluster reduce over nothing.
+    """
+    if ranges is None:
+        return None
+    if not isinstance(ranges, (tuple, list)) or len(ranges) != 6:
+        raise ValueError("ranges must be KeOps's 6-tuple (ranges_i, slices_i, redranges_j, ranges_j, slices_j, redranges_i)")
+    clusters, slices, spans = (torch.as_tensor(r).tolist() for r in (ranges[:3] if axis == "j" else ranges[3:]))
+    rows, cols = problem.size("i"), problem.size("j")
+    for name, pairs, size in (("ranges (row clusters)", clusters, rows), ("ranges (reduction ranges)", spans, cols)):
+        if any(len(p) != 2 or not 0 <= p[0] <= p[1] <= size for p in pairs):
+            raise ValueError(f"{name} must be [start, end) pairs inside [0, {size}], got {pairs}")
+    if len(slices) != len(clusters) or any(b < a for a, b in zip([0] + slices, slices)) or (slices and slices[-1] > len(spans)):
+        raise ValueError(f"ranges: slices must be {len(clusters)} non-decreasing ends into the {len(spans)} reduction ranges, "
+                         f"got {slices}")
+    return clusters, slices, spans
+
+
+def _merged_spans(ranges) -> list[tuple[int, int, list]]:
+    """Each row cluster with its column ranges sorted and merged where they touch, clusters by start."""
+    clusters, slices, spans = ranges
+    out = []
+    for k, (a, b) in enumerate(clusters):
+        merged: list[list[int]] = []
+        for c0, c1 in sorted(spans[(slices[k - 1] if k else 0): slices[k]]):
+            if c1 <= c0:
+                continue
+            if merged and c0 <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], c1)
+            else:
+                merged.append([c0, c1])
+        out.append((a, b, merged))
+    out.sort()
+    if any(a1 < b0 for (_, b0, _), (a1, _, _) in zip(out, out[1:])):
+        raise ValueError("ranges: row clusters overlap")
+    return out
+
+
+def _pieces(start: int, stop: int, extent: int) -> list[tuple[int, int]]:
+    return [(a, min(a + extent, stop)) for a in range(start, stop, extent)]
+
+
+def tile_schedule(n: int, m: int, plan: TilePlan, clusters) -> list[tuple[tuple[int, int], list[tuple[int, int]]]]:
+    """Row blocks covering [0, n) in order, each with the column blocks it reduces over (at most one tile each).
+
+    Dense: every column block. Block-sparse (``clusters`` from ``_merged_spans``):
+    a cluster's rows visit its own column ranges only; rows in no cluster get
+    one fully padded tile, (0, 0), so every reduction returns its empty value.
+    """
+    if clusters is None:
+        columns = _pieces(0, m, plan.cols)
+        return [(r, columns) for r in _pieces(0, n, plan.rows)]
+    schedule, at = [], 0
+    for a, b, merged in clusters:
+        schedule += [(r, [(0, 0)]) for r in _pieces(at, a, plan.rows)]
+        columns = [p for c0, c1 in merged for p in _pieces(c0, c1, plan.cols)] or [(0, 0)]
+        schedule += [(r, columns) for r in _pieces(a, b, plan.rows)]
+        at = b
+    return schedule + [(r, [(0, 0)]) for r in _pieces(at, n, plan.rows)]
+
+
+# Per-tile cost of the Python loop and the kernel call, in pairs of the tile (~0.2 ms measured).
+TILE_OVERHEAD_PAIRS = 1 << 17
+
+
+def _sparse_plan(plan: TilePlan, clusters, compiled: bool) -> TilePlan:
+    """The tile shape for a block-sparse pass: least padded pairs plus per-tile overhead over the kept blocks.
+
+    Candidates are powers of two within the dense plan's area (compiled tiles
+    are padded to them); the eager lowering pads nothing, so it just takes the
+    largest tile the blocks fill.
+    """
+    sizes = [b - a for a, b, _ in clusters]
+    spans = [c1 - c0 for _, _, merged in clusters for c0, c1 in merged]
+    if not compiled or not spans:
+        return TilePlan(min(plan.rows, max(sizes + [1])), min(plan.cols, max(spans + [1])))
+    rows, lengths = torch.tensor(sizes, dtype=torch.float64), torch.tensor(spans, dtype=torch.float64)
+    owner = torch.tensor([k for k, (_, _, merged) in enumerate(clusters) for _ in merged], dtype=torch.int64)
+    best = None
+    for r in (1 << e for e in range(int(math.log2(MIN_TILE)), int(math.log2(plan.rows)) + 1)):
+        row_pieces = torch.ceil(rows / r)
+        for c in (1 << e for e in range(int(math.log2(MIN_TILE)), int(math.log2(plan.cols)) + 1)):
+            if r * c > plan.rows * plan.cols:
+                break
+            column_pieces = torch.zeros(len(clusters), dtype=torch.float64).index_add_(0, owner, torch.ceil(lengths / c))
+            cost = float((row_pieces * column_pieces).sum()) * (r * c + TILE_OVERHEAD_PAIRS)
+            if best is None or cost < best[0]:
+                best = (cost, r, c)
+    return TilePlan(best[1], best[2])
 
 
 def _valid(width: int, valid: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -223,10 +323,11 @@ def _expansion_safe(problem: Problem) -> bool:
     return all(bool(torch.isfinite(t).all()) for s, t in problem.tensors.items() if problem.info[s].axis != "p")
 
 
-def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_size=None, sharding=None):
+def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_size=None, ranges=None, sharding=None):
     """One pass over all tiles; returns each consumer's finalized outputs.
 
     Consumers reducing over j return (B, N, ...) tensors, column sums (B, M, D).
+    ``ranges`` (from ``check_ranges``) restricts the pass to the kept blocks.
     With a ``sharding`` (``lazytensor.distributed``) the j axis is this rank's
     shard: indices are global and each row block's states are merged across
     ranks before they are finalized, so every rank returns the full result.
@@ -255,9 +356,13 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
         compiled = use_compiled("eager" if backend == "eager" else "compiled", problem) and (
             backend == "compiled" or n * total >= AUTO_COMPILE_MIN_PAIRS)
         plan = plan_tiles(problem, consumers, chunk_size, compiled, m=max(sizes))
+    clusters = None if ranges is None else _merged_spans(ranges)
+    if clusters is not None and chunk_size is None:
+        plan = _sparse_plan(plan, clusters, compiled)
     i_syms, j_syms, p_syms = (problem.axis_symbols(a) for a in ir.AXES)
     tensors = {s: t.detach() for s, t in problem.tensors.items()}
-    if m == 0:  # an empty shard takes part with one masked column
+    width = max(m, 1)  # an empty shard takes part with one masked column
+    if m == 0:
         tensors.update({s: tensors[s].new_zeros(tensors[s].shape[0], 1, tensors[s].shape[2]) for s in j_syms})
     shapes = ((plan.rows, plan.cols), tuple(tensors[s].shape[0] for s in problem.order)) if compiled else None
     kernel = kernels.tile_kernel(consumers, exprs, problem.info, problem.order, formula=formula_key, shapes=shapes,
@@ -265,24 +370,29 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
     started = time.perf_counter()
     params = [tensors[s] for s in p_syms]
     device, dtype = problem.device, problem.dtype
-    width = max(m, 1)
-    col_blocks = [_blocks(tensors[s], min(plan.cols, width) if not compiled else plan.cols, width, compiled, True)
-                  for s in j_syms]
-    col_masks = [_valid(b.shape[2], max(0, min(plan.cols, m - c0)), dtype, device).view(1, 1, -1, 1)
-                 for b, c0 in zip(col_blocks[0], range(0, width, plan.cols))]
-    row_blocks = [_blocks(tensors[s], plan.rows, n, compiled, False) for s in i_syms]
+    column_blocks: dict[tuple[int, int], tuple] = {}
+
+    def columns(c0: int, c1: int):
+        """The j-blocks (features first) and column mask of [c0, c1); (0, 0) is one fully padded tile."""
+        if (c0, c1) not in column_blocks:
+            stop = c1 if c1 > c0 else min(plan.cols, width)
+            blocks = [_block(tensors[s], c0, stop, plan.cols, compiled, features_first=True) for s in j_syms]
+            mask = _valid(blocks[0].shape[2], max(0, min(c1, m) - c0), dtype, device).view(1, 1, -1, 1)
+            column_blocks[(c0, c1)] = (blocks, mask)
+        return column_blocks[(c0, c1)]
+
     by_column = [c.reduced_axis == "i" for c in consumers]  # column sums: state spans all (local) columns
     results: list[list[tuple]] = [[] for _ in consumers]
     column_states = {k: c.initial_state(batch, width, dtype, device) for k, c in enumerate(consumers) if by_column[k]}
-    for r, r0 in enumerate(range(0, n, plan.rows)):
-        rows = [blocks[r] for blocks in row_blocks]
-        valid_rows = min(plan.rows, n - r0)
+    for (r0, r1), column_ranges in tile_schedule(n, width, plan, clusters):
+        rows = [_block(tensors[s], r0, r1, plan.rows, compiled) for s in i_syms]
+        valid_rows = r1 - r0
         rowmask = _valid(rows[0].shape[1], valid_rows, dtype, device).view(1, -1, 1, 1)
         states = [column_states.get(k) for k in range(len(consumers))]
-        for c, c0 in enumerate(range(0, width, plan.cols)):
-            cols = [blocks[c] for blocks in col_blocks]
-            partials = kernel(rows, cols, params, col_masks[c], rowmask)
-            at = [slice(c0, c0 + plan.cols) if column else offset + c0 for column in by_column]
+        for c0, c1 in column_ranges:
+            cols, mask = columns(c0, c1)
+            partials = kernel(rows, cols, params, mask, rowmask)
+            at = [slice(c0, c1) if column else offset + c0 for column in by_column]
             states = [cons.combine(st, p, a) for cons, st, p, a in zip(consumers, states, partials, at)]
         for k, cons in enumerate(consumers):
             if not by_column[k]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from . import autograd, distributed, engine, ir, reductions
-from .formula import LazyTensor, _axis, _unbatch, as_lazy
+from .formula import LazyTensor, _axis, as_lazy
 
 # name -> (factory(expr, info, argument), which outputs the caller gets)
 _NAMES = {
@@ -67,7 +67,7 @@ def stream(source: LazyTensor, reductions, dim=1, *, backend: str = "auto", chun
     parsed = [_parse(spec, axis) for spec in reductions]
     values = [arg for name, arg in parsed if name == "softmax_weighted_sum"]
     combined = LazyTensor._build(source.expr, source, *values, width=source.width)
-    problem = combined.problem(axis)
+    problem, batch = combined.problem(axis)
     sharding = distributed.active(group)
     total = problem.size("j") if sharding is None else sum(sharding.sizes(problem.size("j"), problem.device))
     expr = ir.numeric(source.expr)
@@ -76,11 +76,11 @@ def stream(source: LazyTensor, reductions, dim=1, *, backend: str = "auto", chun
             raise ValueError(f"stream: {name} k={arg} is larger than the {total} entries reduced over")
     objects = [_NAMES[name][0](expr, problem.info, arg) for name, arg in parsed]
     results = []
-    for (name, _), outs in zip(parsed, autograd.reduce(problem, objects, backend, chunk_size, sharding)):
+    for (name, _), outs in zip(parsed, autograd.reduce(problem, objects, backend, chunk_size, sharding=sharding)):
         if name != "softmax_weighted_sum":
             outs = tuple(source._widen(o) for o in outs)
         if name in _WITH_ARGUMENT[:3]:
             outs = tuple(o.squeeze(-1) if o.shape[-1] == 1 else o for o in outs)
-        picked = tuple(_unbatch(outs[i], combined._batched) for i in _NAMES[name][1])
+        picked = tuple(outs[i].reshape(*batch, *outs[i].shape[1:]) for i in _NAMES[name][1])
         results.append(picked[0] if len(picked) == 1 else picked)
     return tuple(results)

@@ -54,7 +54,7 @@ class FSum(sympy.Function):
     def eval(cls, arg, width):
         if arg == 0:  # structural: ``is_zero`` would run sympy's assumption system on every contraction
             return sympy.Integer(0)
-        if not arg.free_symbols:  # a constant: sympy folded x - x + 1, or a bare number
+        if is_constant(arg):  # a constant: sympy folded x - x + 1, or a bare number
             return arg * width
         return None
 
@@ -157,6 +157,202 @@ class ZeroSafePow(sympy.Function):
         return ZeroSafePow(base, exponent) * sympy.log(base)
 
 
+class Floor(sympy.Function):
+    """floor(a); piecewise constant, so its derivative is 0 (KeOps's Floor)."""
+
+    nargs = 1
+
+    @classmethod
+    def eval(cls, arg):
+        return sympy.floor(arg) if arg.is_Number else None
+
+    def fdiff(self, argindex=1):
+        return sympy.Integer(0)
+
+
+class Round(sympy.Function):
+    """a rounded to ``decimals`` decimal places, halves away from zero (C's round, as KeOps); derivative 0."""
+
+    nargs = 2
+
+    def fdiff(self, argindex=1):
+        return sympy.Integer(0)
+
+
+class XLogX(sympy.Function):
+    """a log a, with 0 log 0 = 0 (KeOps's XLogX)."""
+
+    nargs = 1
+
+    def fdiff(self, argindex=1):
+        return sympy.log(self.args[0]) + 1
+
+
+class SinXDivXDiff(sympy.Function):
+    """The ``order``-th derivative of sin(a) / a, continuous at a = 0 (KeOps's SinXDivX(0) = 1).
+
+    Each order is its own node, lowered with its exact limit at 0, so
+    derivatives of every order are finite there (a quotient rule would give 0/0).
+    """
+
+    nargs = 2
+
+    def fdiff(self, argindex=1):
+        return SinXDivXDiff(self.args[0], self.args[1] + 1) if argindex == 1 else sympy.Integer(0)
+
+    def expansion(self, arg: sympy.Expr) -> sympy.Expr:
+        """The closed form away from 0."""
+        t = sympy.Dummy("t", real=True)
+        return sympy.diff(sympy.sin(t) / t, t, int(self.args[1])).xreplace({t: arg})
+
+    def limit_at_zero(self) -> sympy.Expr:
+        order = int(self.args[1])
+        return sympy.Integer(0) if order % 2 else sympy.Rational((-1) ** (order // 2), order + 1)
+
+
+def sinxdivx(arg: sympy.Expr) -> sympy.Expr:
+    return SinXDivXDiff(arg, sympy.Integer(0))
+
+
+# -- feature-vector operations: nodes that move or combine features --------------------------
+class VectorOp(sympy.Function):
+    """A node that is not elementwise over features (indexing, scatter, one-hot, feature min).
+
+    It knows its feature size (``width``) and its derivatives as IR: the
+    cotangent of each argument from the node's cotangent (``pullback``, None
+    where none flows) and the node's tangent from its arguments' tangents
+    (``pushforward``). ``vjp``, ``jvp`` and ``feature_dim`` use only these, so
+    matrix-vector products, tensor products, concatenation or tensordot built
+    from the few nodes below get derivatives of any order for free.
+    """
+
+    def width(self, info) -> int:
+        raise NotImplementedError
+
+    def pullback(self, k: int, cot: sympy.Expr, info):
+        raise NotImplementedError
+
+    def pushforward(self, tangents: list, info) -> sympy.Expr:
+        raise NotImplementedError
+
+
+def is_constant(expr: sympy.Expr) -> bool:
+    """A scalar constant: no variables and no feature-vector node (those may be non-uniform vectors)."""
+    return not expr.free_symbols and not expr.atoms(VectorOp)
+
+
+def index_tuple(values) -> sympy.Tuple:
+    return sympy.Tuple(*(sympy.Integer(int(v)) for v in values))
+
+
+def _broadcast_cot(cot: sympy.Expr, arg: sympy.Expr, uses: int, info) -> sympy.Expr:
+    """A size-1 argument read at ``uses`` positions gets the sum of their cotangents."""
+    return feature_sum(cot, uses) if feature_dim(arg, info) == 1 and uses > 1 else cot
+
+
+class Gather(VectorOp):
+    """Features ``index`` of ``arg``: out[m] = arg[index[m]] (elem, extract, tensor products)."""
+
+    nargs = 2
+
+    @classmethod
+    def eval(cls, arg, index):
+        if is_constant(arg):
+            return arg  # a scalar constant is the same at every position
+        if isinstance(arg, Gather):
+            inner = arg.args[1]
+            return Gather(arg.args[0], sympy.Tuple(*(inner[int(m)] for m in index)))
+        return None
+
+    def width(self, info) -> int:
+        return len(self.args[1])
+
+    def pullback(self, k, cot, info):
+        arg, index = self.args
+        if feature_dim(arg, info) == 1:  # every position reads the one value
+            return _broadcast_cot(cot, arg, len(index), info)
+        return Scatter(cot, index, sympy.Integer(feature_dim(arg, info)))
+
+    def pushforward(self, tangents, info):
+        return Gather(tangents[0], self.args[1])
+
+
+class Scatter(VectorOp):
+    """The adjoint of Gather: out[k] = sum of arg[m] over m with index[m] == k, ``size`` features."""
+
+    nargs = 3
+
+    @classmethod
+    def eval(cls, arg, index, size):
+        if arg.is_zero:
+            return sympy.Integer(0)
+        if tuple(int(m) for m in index) == tuple(range(int(size))):
+            return arg
+        return None
+
+    def width(self, info) -> int:
+        return int(self.args[2])
+
+    def pullback(self, k, cot, info):
+        arg, index, _ = self.args
+        return _broadcast_cot(Gather(cot, index), arg, len(index), info)
+
+    def pushforward(self, tangents, info):
+        return Scatter(tangents[0], *self.args[1:])
+
+
+class OneHot(VectorOp):
+    """``size`` features, 1 at position round(arg) (KeOps: floor(arg + 0.5)), else 0; derivative 0."""
+
+    nargs = 2
+
+    def width(self, info) -> int:
+        return int(self.args[1])
+
+    def pullback(self, k, cot, info):
+        return None
+
+    def pushforward(self, tangents, info):
+        return sympy.Integer(0)
+
+
+class FeatureArgMin(VectorOp):
+    """The first position of the smallest feature of ``arg`` (as a number); derivative 0."""
+
+    nargs = 1
+
+    def width(self, info) -> int:
+        return 1
+
+    def pullback(self, k, cot, info):
+        return None
+
+    def pushforward(self, tangents, info):
+        return sympy.Integer(0)
+
+
+class FeatureMin(VectorOp):
+    """The smallest feature of ``arg``; its derivatives flow to the first smallest feature."""
+
+    nargs = 1
+
+    def width(self, info) -> int:
+        return 1
+
+    def _selector(self, info) -> sympy.Expr:
+        arg = self.args[0]
+        size = feature_dim(arg, info)
+        return sympy.Integer(1) if size == 1 else OneHot(FeatureArgMin(arg), sympy.Integer(size))
+
+    def pullback(self, k, cot, info):
+        return cot * self._selector(info)
+
+    def pushforward(self, tangents, info):
+        size = feature_dim(self.args[0], info)
+        picked = tangents[0] * self._selector(info)
+        return picked if size == 1 else feature_sum(picked, size)
+
+
 def _indicator(cond) -> sympy.Expr:
     return sympy.Piecewise((sympy.Integer(1), cond), (sympy.Integer(0), True))
 
@@ -188,6 +384,8 @@ def feature_dim(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]) -> int:
     """Feature size of an expression, with torch broadcasting rules."""
     if isinstance(expr, sympy.Symbol):
         return info[expr].dim
+    if isinstance(expr, VectorOp):
+        return expr.width(info)
     if isinstance(expr, FSum) or not expr.free_symbols:
         return 1
     dims = {feature_dim(a, info) for a in expr.args if isinstance(a, sympy.Basic) and a.free_symbols}
@@ -259,6 +457,13 @@ def vjp(
             arg, width = node.args
             visit(arg, cot * width if feature_dim(arg, info) == 1 else cot)
             return
+        if isinstance(node, VectorOp):
+            for k, arg in enumerate(node.args):
+                if isinstance(arg, sympy.Expr) and arg.free_symbols & targets:
+                    arg_cot = node.pullback(k, cot, info)
+                    if arg_cot is not None:
+                        visit(arg, arg_cot)
+            return
         node_dim = feature_dim(node, info)
         for arg, partial in _differentiable_args(node):
             if not (arg.free_symbols & targets):
@@ -296,6 +501,8 @@ def jvp(expr: sympy.Expr, tangents: dict[sympy.Symbol, sympy.Symbol], info: dict
             out = tangents[node]
         elif isinstance(node, FSum):
             out = FSum(visit(node.args[0]), node.args[1])
+        elif isinstance(node, VectorOp):
+            out = node.pushforward([visit(a) if isinstance(a, sympy.Expr) else None for a in node.args], info)
         else:
             out = sympy.Add(*(partial * visit(arg) for arg, partial in _differentiable_args(node)))
         memo[node] = out

@@ -43,6 +43,11 @@ _UNARY = {
     sympy.sign: "torch.sign",
     ir.Sigmoid: "torch.sigmoid",
     ir.Relu: "torch.relu",
+    sympy.asin: "torch.asin",
+    sympy.acos: "torch.acos",
+    sympy.atan: "torch.atan",
+    ir.Floor: "torch.floor",
+    ir.XLogX: "torch.special.xlogy",  # xlogy(a, a) = a log a, 0 at 0
 }
 _RELATIONS = {
     sympy.StrictLessThan: "<",
@@ -109,7 +114,7 @@ class TileSource:
     def emit(self, expr: sympy.Expr) -> str:
         if expr in self.names:
             return self.names[expr]
-        if not expr.free_symbols:
+        if ir.is_constant(expr):
             return self._constant(expr)
         return self._assign(expr, self._code(expr))
 
@@ -139,7 +144,10 @@ class TileSource:
             return self._fsum(e.args[0], int(e.args[1]), e)
         for func, torch_name in _UNARY.items():
             if isinstance(e, func):
-                return f"{torch_name}({self.emit(e.args[0])})"
+                a = self.emit(e.args[0])
+                return f"{torch_name}({a}, {a})" if func is ir.XLogX else f"{torch_name}({a})"
+        if isinstance(e, (ir.VectorOp, ir.Round, ir.SinXDivXDiff, sympy.atan2)):
+            return self._special(e)
         if isinstance(e, (ir.Step, sympy.Heaviside)):
             a = self.emit(e.args[0])
             half = self.emit(e.args[1]) if len(e.args) > 1 else "0.0"
@@ -180,7 +188,7 @@ class TileSource:
     def _tensor(self, e: sympy.Expr) -> str:
         """A node as a tensor of the problem's dtype even when it is a constant (where/maximum)."""
         name = self.emit(e)
-        return name if e.free_symbols else f"torch.full((), {name}, dtype=mask.dtype, device=mask.device)"
+        return name if not ir.is_constant(e) else f"torch.full((), {name}, dtype=mask.dtype, device=mask.device)"
 
     def _pow(self, base: sympy.Expr, exp: sympy.Expr) -> str:
         b = self.emit(base)
@@ -200,6 +208,35 @@ class TileSource:
                 return f"({b} ** {int(exp)})"
             return f"torch.pow({b}, {float(exp)})"
         return f"torch.pow({self._tensor(base)}, {self.emit(exp)})"
+
+    # -- rounding, sinc, atan2 and the feature-vector nodes ------------------------
+    def _special(self, e: sympy.Expr) -> str:  # noqa: C901 - one dispatch table
+        if isinstance(e, sympy.atan2):
+            return f"torch.atan2({self._tensor(e.args[0])}, {self._tensor(e.args[1])})"
+        if isinstance(e, ir.SinXDivXDiff):  # the closed form, and its limit at exactly 0
+            a = self.emit(e.args[0])
+            return f"torch.where({a} == 0, {self._constant(e.limit_at_zero())}, {self._tensor(e.expansion(e.args[0]))})"
+        if isinstance(e, ir.Round):  # torch.round takes halves to even; KeOps (C's round) away from zero
+            scale = 10.0 ** int(e.args[1])
+            v = self._assign(sympy.Dummy(), f"{self._tensor(e.args[0])} * {scale!r}")
+            t = self._assign(sympy.Dummy(), f"torch.trunc({v})")
+            return f"torch.where(({v} - {t}).abs() == 0.5, {t} + torch.sign({v}), torch.round({v})) / {scale!r}"
+        a = self._tensor(e.args[0])
+        if isinstance(e, ir.FeatureMin):
+            return f"{a}.amin(-1, keepdim=True)"
+        if isinstance(e, ir.FeatureArgMin):
+            return f"torch.argmin({a}, dim=-1, keepdim=True).to({a}.dtype)"
+        if isinstance(e, ir.OneHot):
+            size = int(e.args[1])
+            return f"(torch.floor({a} + 0.5) == torch.arange({size}, dtype={a}.dtype, device={a}.device)).to({a}.dtype)"
+        index = [int(m) for m in e.args[1]]
+        if ir.feature_dim(e.args[0], self.info) == 1:  # a size-1 value is read at every position
+            a = f"{a}.expand(*{a}.shape[:-1], {len(index)})"
+            if isinstance(e, ir.Gather):
+                return a
+        if isinstance(e, ir.Gather):
+            return _gather_code(a, index)
+        return _scatter_code(a, index, int(e.args[2]))
 
     # -- feature contractions -------------------------------------------------
     def _fsum(self, arg: sympy.Expr, width: int, node: sympy.Expr) -> str:
@@ -233,7 +270,7 @@ class TileSource:
     def _rows(self, expr: sympy.Expr, width: int) -> str:
         """An i-side node as (B, n, D) and a j-side node as (B, m, D) (constants: the i side)."""
         name = self.emit(expr)
-        if not expr.free_symbols:
+        if ir.is_constant(expr):
             name = f"torch.full((1, 1, 1, 1), {name}, dtype=mask.dtype, device=mask.device)"
         code = f"{name}[:, 0]" if "j" in ir.axes_of(expr, self.info) else f"{name}[:, :, 0]"
         if ir.feature_dim(expr, self.info) == 1 and width > 1:
@@ -258,6 +295,44 @@ class TileSource:
         sq_a = f"torch.square({a}).sum(-1, keepdim=True)"
         sq_b = f"torch.square({b}).sum(-1).unsqueeze(1)"
         return f"({sq_a} + {sq_b} + 2.0 * {cross}).clamp_min(0.0).unsqueeze(-1)"
+
+
+def _contiguous(index: list[int]) -> bool:
+    return index == list(range(index[0], index[0] + len(index)))
+
+
+def _groups(index: list[int], size: int):
+    """(blocks, repeats) when ``index`` is each of ``size`` positions repeated in place or tiled."""
+    reps = len(index) // size if size and len(index) % size == 0 else 0
+    if reps and index == [m // reps for m in range(len(index))]:
+        return "repeat", reps
+    if reps and index == [m % size for m in range(len(index))]:
+        return "tile", reps
+    return None, 0
+
+
+def _gather_code(a: str, index: list[int]) -> str:
+    """out[..., m] = a[..., index[m]]: a slice, a repeat, a tiling, or an index_select."""
+    if _contiguous(index):
+        return f"{a}[..., {index[0]}:{index[0] + len(index)}]"
+    kind, reps = _groups(index, max(index) + 1)
+    if kind == "repeat":
+        return f"{a}[..., :{max(index) + 1}].repeat_interleave({reps}, dim=-1)"
+    if kind == "tile":
+        return f"{a}[..., :{max(index) + 1}].repeat(1, 1, 1, {reps})"
+    return f"torch.index_select({a}, -1, torch.tensor({index}, device={a}.device))"
+
+
+def _scatter_code(a: str, index: list[int], size: int) -> str:
+    """out[..., k] = sum of a[..., m] with index[m] == k: a zero pad, a group sum, or an index_add."""
+    if _contiguous(index) and len(set(index)) == len(index):
+        return f"torch.nn.functional.pad({a}, ({index[0]}, {size - index[0] - len(index)}))"
+    kind, reps = _groups(index, size)
+    if kind == "repeat":
+        return f"{a}.unflatten(-1, ({size}, {reps})).sum(-1)"
+    if kind == "tile":
+        return f"{a}.unflatten(-1, ({reps}, {size})).sum(-2)"
+    return f"{a}.new_zeros(*{a}.shape[:-1], {size}).index_add(-1, torch.tensor({index}, device={a}.device), {a})"
 
 
 def tile_function_source(consumers, exprs, info, order, *, expand: bool = True) -> str:

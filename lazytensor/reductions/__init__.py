@@ -5,9 +5,12 @@ them in one pass (forward, backward, forward-mode and under vmap) without
 knowing which they are.
 """
 from .base import Consumer, Reduction
+from .lse_weight import LogSumExpWeight
 from .quantile import Quantile
 from .selection import ArgMin, KMin
 from .softmax import LogSumExp, SoftmaxWeightedSum, merge
 from .sum import Sum
+from .sumshiftexp import MaxSumShiftExp
 
-__all__ = ["Consumer", "Reduction", "Sum", "LogSumExp", "SoftmaxWeightedSum", "ArgMin", "KMin", "Quantile", "merge"]
+__all__ = ["Consumer", "Reduction", "Sum", "LogSumExp", "LogSumExpWeight", "MaxSumShiftExp", "SoftmaxWeightedSum", "ArgMin",
+           "KMin", "Quantile", "merge"]

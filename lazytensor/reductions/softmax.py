@@ -38,11 +38,28 @@ def merge(state, partial):
     return (top, *(s0 * a0 + s1 * a1 for s0, s1 in zip(rest0, rest1)))
 
 
-def _shifted(values, mask):
+def shifted(values, mask):
     """exp(F - rowmax) over a tile's columns, padded columns 0; and the row max (B, n, C)."""
     f = masked(values, mask, -math.inf)
     top = f.amax(2)
     return torch.exp(f - finite(top).unsqueeze(2)), top
+
+
+def scalar_with_weights(reduction, expr: sympy.Expr, weights: sympy.Expr, info: dict) -> None:
+    """The constructor of every softmax-type reduction: a scalar formula F and weights G of E features."""
+    if ir.feature_dim(expr, info) != 1:
+        raise ValueError(f"{reduction.name}: the formula must have feature size 1 (the weights may have several)")
+    reduction.expr, reduction.weights = expr, weights
+    reduction.dim = ir.feature_dim(weights, info)
+    reduction.expressions = [expr, weights]
+    reduction.signature = (reduction.name, reduction.dim)
+
+
+def weighted_sum(p, v, mask):
+    """sum_j p_ij v_ij over a tile's columns: p (B, n, m, 1), v a lowered value (one matmul when v is j-only)."""
+    if isinstance(v, torch.Tensor) and v.dim() == 4 and v.shape[1] == 1:
+        return torch.matmul(p[..., 0], column_side(v).expand(p.shape[0], -1, -1))
+    return (p * masked(v, mask, 0.0)).sum(2)
 
 
 class _OnlineSoftmax(Reduction):
@@ -72,7 +89,7 @@ class LogSumExp(_OnlineSoftmax):
         self.signature = ("lse", self.dim)
 
     def partial(self, values, mask):
-        p, top = _shifted(values[0], mask)
+        p, top = shifted(values[0], mask)
         return top, p.sum(2)
 
     def finalize(self, state, rows, batch):
@@ -107,22 +124,11 @@ class SoftmaxWeightedSum(_OnlineSoftmax):
     name = "softmax_weighted_sum"
 
     def __init__(self, expr: sympy.Expr, values: sympy.Expr, info: dict):
-        if ir.feature_dim(expr, info) != 1:
-            raise ValueError("softmax_weighted_sum: the formula must have feature size 1")
-        self.expr, self.values = expr, values
-        self.dim = ir.feature_dim(values, info)
-        self.expressions = [expr, values]
-        self.signature = ("softmax", self.dim)
+        scalar_with_weights(self, expr, values, info)
 
     def partial(self, values, mask):
-        p, top = _shifted(values[0], mask)
-        p = p[..., 0]  # (B, n, m)
-        v = values[1]
-        if isinstance(v, torch.Tensor) and v.dim() == 4 and v.shape[1] == 1:  # j-only values: one matmul
-            weighted = torch.matmul(p, column_side(v).expand(p.shape[0], -1, -1))
-        else:
-            weighted = (p[..., None] * masked(v, mask, 0.0)).sum(2)
-        return top, p.sum(-1, keepdim=True), weighted
+        p, top = shifted(values[0], mask)
+        return top, p.sum(2), weighted_sum(p, values[1], mask)
 
     def finalize(self, state, rows, batch):
         top, total, weighted = state
@@ -138,8 +144,8 @@ class SoftmaxWeightedSum(_OnlineSoftmax):
         cot_f = 0
         if grads[0] is not None:
             g, out = collector.variable(grads[0], "i"), collector.variable(outs[0], "i")
-            cot_f = weight * (ir.feature_sum(g * self.values, self.dim) - ir.feature_sum(g * out, self.dim))
-            collector.cotangent(self.values, weight * g)
+            cot_f = weight * (ir.feature_sum(g * self.weights, self.dim) - ir.feature_sum(g * out, self.dim))
+            collector.cotangent(self.weights, weight * g)
         if grads[1] is not None:
             cot_f = cot_f + collector.variable(grads[1], "i") * unnormalized
         collector.cotangent(self.expr, cot_f)
@@ -148,6 +154,6 @@ class SoftmaxWeightedSum(_OnlineSoftmax):
         weight, unnormalized = self._weight(collector, outs)
         out = collector.variable(outs[0], "i")
         df = collector.tangent(self.expr)
-        h_out = collector.summed(weight * (df * (self.values - out) + collector.tangent(self.values)), "j", self.dim)
+        h_out = collector.summed(weight * (df * (self.weights - out) + collector.tangent(self.weights)), "j", self.dim)
         h_total = collector.summed(unnormalized * df, "j", 1)
         return lambda results: (results[h_out], results[h_total], torch.zeros_like(outs[2]))

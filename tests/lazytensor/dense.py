@@ -92,3 +92,37 @@ def dense_reduce(f: torch.Tensor, kind: str, axis: str, batched: bool, **kw):
     else:
         raise ValueError(kind)
     return out if batched else out.squeeze(0)
+
+
+TOLERANCE = {torch.float64: dict(rtol=1e-9, atol=1e-9), torch.float32: dict(rtol=2e-4, atol=2e-4)}
+
+
+def _grads(out, inputs, weight, create_graph):
+    if not out.requires_grad:  # nothing flows (piecewise-constant formulas): zero derivatives
+        return [torch.zeros_like(x) for x in inputs]
+    found = torch.autograd.grad((out * weight).sum(), inputs, create_graph=create_graph, allow_unused=True)
+    return [torch.zeros_like(x) if g is None else g for g, x in zip(found, inputs)]
+
+
+def assert_sums_like(lazy: lt.LazyTensor, dense: torch.Tensor, inputs, axis: str = "j", order: int = 1, **options):
+    """``lazy.sum(axis)`` against the dense (N, M, C) twin summed the same way: values and derivatives up to ``order``.
+
+    Second order: the gradient of <first gradients, random directions>, i.e.
+    Hessian-vector products through the streamed backward.
+    """
+    options = {"backend": "eager", "chunk_size": (3, 4), **options}
+    out = lazy.sum(axis, **options)
+    ref = dense.sum(1 if axis == "j" else 0)
+    tol = TOLERANCE[ref.dtype]
+    torch.testing.assert_close(out, ref, **tol)
+    weight = torch.randn_like(ref)
+    first_lazy = _grads(out, inputs, weight, order > 1)
+    first_dense = _grads(ref, inputs, weight, order > 1)
+    for a, b in zip(first_lazy, first_dense):
+        torch.testing.assert_close(a, b, **tol)
+    if order > 1:
+        directions = [torch.randn_like(g) for g in first_dense]
+        second_lazy = _grads(sum((g * v).sum() for g, v in zip(first_lazy, directions)), inputs, 1.0, False)
+        second_dense = _grads(sum((g * v).sum() for g, v in zip(first_dense, directions)), inputs, 1.0, False)
+        for a, b in zip(second_lazy, second_dense):
+            torch.testing.assert_close(a, b, **tol)
