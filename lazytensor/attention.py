@@ -88,7 +88,9 @@ def _check(q, k, v, attn_mask, is_causal, scale):
 class _Tiles:
     """Flattened views and tile accessors shared by the forward and backward loops."""
 
-    def __init__(self, q, k, v, attn_mask, is_causal, scale, chunk_size, fused: bool = True):
+    def __init__(self, q, k, v, attn_mask, is_causal, scale, chunk_size, fused: bool = True, key_offset: int = 0):
+        self.key_offset = key_offset  # sharded keys: the global position of this rank's first key
+        fused = fused and not (is_causal and key_offset)  # fused causal tiles must be square on the diagonal
         self.batch_shape = q.shape[:-2]
         self.q, self.k, self.v = (t.reshape(math.prod(t.shape[:-2]), *t.shape[-2:]) for t in (q, k, v))
         groups, self.L, _ = self.q.shape
@@ -120,7 +122,7 @@ class _Tiles:
             yield r0, min(r0 + self.rows, self.L)
 
     def key_blocks(self, r0, r1):
-        stop = min(self.S, r1) if self.causal else self.S  # causal: keys after the last query are out
+        stop = max(0, min(self.S, r1 - self.key_offset)) if self.causal else self.S  # causal: keys after the last query
         for c0 in range(0, stop, self.cols):
             yield c0, min(c0 + self.cols, stop)
 
@@ -136,9 +138,9 @@ class _Tiles:
             tile = self.mask[self._mask_index(r0, r1, c0, c1)]
             tile = tile.expand(*self.batch_shape, r1 - r0, c1 - c0).reshape(s.shape)
             s = s.masked_fill_(~tile, -math.inf) if tile.dtype == torch.bool else s.add_(tile)
-        if self.causal and c1 - 1 > r0:  # the tile crosses the diagonal
-            above = torch.arange(c0, c1, device=s.device)[None, :] > torch.arange(r0, r1, device=s.device)[:, None]
-            s = s.masked_fill_(above, -math.inf)
+        if self.causal and c1 - 1 + self.key_offset > r0:  # the tile crosses the diagonal
+            keys = torch.arange(c0, c1, device=s.device) + self.key_offset
+            s = s.masked_fill_(keys[None, :] > torch.arange(r0, r1, device=s.device)[:, None], -math.inf)
         return s
 
     def mask_grad_into(self, grad, ds, r0, r1, c0, c1):
@@ -234,11 +236,21 @@ def _backward(tiles: _Tiles, out, lse, grad_out, want_mask_grad: bool):
 
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, attn_mask, is_causal, scale, chunk_size):
-        tiles = _Tiles(q, k, v, attn_mask, is_causal, scale, chunk_size)
+    def forward(ctx, q, k, v, attn_mask, is_causal, scale, chunk_size, sharding):
+        offset = 0 if sharding is None else sum(sharding.sizes(k.shape[-2], k.device)[: sharding.rank])
+        tiles = _Tiles(q, k, v, attn_mask, is_causal, scale, chunk_size, key_offset=offset)
         out, lse = _forward(tiles)
+        if sharding is not None:  # each rank's keys: fold the ranks' (out, lse) like key tiles
+            lse_g = [t.unsqueeze(-1) for t in sharding.gather(lse)]
+            outs = sharding.gather(out)
+            state = None
+            for part_lse, part_out in zip(lse_g, outs):
+                state = merge(state, (part_lse, torch.ones_like(part_lse), part_out))
+            top, total, acc = state
+            out = torch.where(total > 0, acc / total, 0.0)
+            lse = (torch.log(total) + finite(top))[..., 0]
         ctx.save_for_backward(q, k, v, attn_mask, out, lse)
-        ctx.options = (is_causal, scale, chunk_size)
+        ctx.options, ctx.sharding, ctx.offset = (is_causal, scale, chunk_size), sharding, offset
         return out.reshape(*q.shape[:-1], v.shape[-1])
 
     @staticmethod
@@ -246,14 +258,20 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, attn_mask, out, lse = ctx.saved_tensors
         want_mask = attn_mask is not None and ctx.needs_input_grad[3]
-        tiles = _Tiles(q, k, v, attn_mask, *ctx.options, fused=not want_mask)
-        dq, dk, dv, dmask = _backward(tiles, out, lse, grad_out, want_mask)
+        tiles = _Tiles(q, k, v, attn_mask, *ctx.options, fused=not want_mask, key_offset=ctx.offset)
+        dq, dk, dv, dmask = _backward(tiles, out, lse, grad_out, want_mask)  # exact per key tile: per shard too
+        if ctx.sharding is not None:
+            dq = ctx.sharding.all_reduce(dq)  # the queries are replicated: every rank's keys contribute
         if dmask is not None:
             dmask = dmask.reshape(attn_mask.shape)
-        return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), dmask, None, None, None
+        return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), dmask, None, None, None, None
 
 
-def streamed_attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, chunk_size=None):
-    """``F.scaled_dot_product_attention`` without the L x S score matrix, forward and backward."""
+def streamed_attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, chunk_size=None, sharding=None):
+    """``F.scaled_dot_product_attention`` without the L x S score matrix, forward and backward.
+
+    With a ``sharding`` (``lazytensor.distributed``) k, v and the mask's key
+    columns are this rank's shard of the keys; every rank gets the full output.
+    """
     _check(q, k, v, attn_mask, is_causal, scale)
-    return _Attention.apply(q, k, v, attn_mask, is_causal, scale, chunk_size)
+    return _Attention.apply(q, k, v, attn_mask, is_causal, scale, chunk_size, sharding)

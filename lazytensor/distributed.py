@@ -78,6 +78,23 @@ class Sharding:
         return merged
 
 
+class _SumOverRanks(torch.autograd.Function):
+    """Every rank's tensor summed; the gradient is the incoming one (every rank holds the same loss)."""
+
+    @staticmethod
+    def forward(ctx, t, sharding):
+        return sharding.all_reduce(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def sum_over_ranks(t: torch.Tensor, sharding: Sharding) -> torch.Tensor:
+    """The sum of ``t`` over the ranks, differentiable w.r.t. this rank's ``t``."""
+    return _SumOverRanks.apply(t, sharding)
+
+
 def active(group=None) -> Sharding | None:
     """The sharding a reduction runs under: its ``group=`` argument, else the ``sharded`` context."""
     if group is not None:

@@ -13,6 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import distributed
 from .attention import streamed_attention
 from .formula import Pm, Vi, Vj
 from .reductions.quantile import quantile_ranks
@@ -41,8 +42,6 @@ def _check_points(**named: torch.Tensor) -> None:
             raise TypeError(f"{name} ({t.dtype}, {t.device}) must match {first_name} ({first.dtype}, {first.device})")
         if t.shape[-1] != first.shape[-1]:
             raise ValueError(f"{name} has {t.shape[-1]} features, {first_name} has {first.shape[-1]}")
-        if t.shape[-2] == 0:
-            raise ValueError(f"{name} is empty")
 
 
 def _check_rows(name: str, t: torch.Tensor, like_name: str, like: torch.Tensor) -> torch.Tensor:
@@ -71,10 +70,21 @@ def _squeeze_features(t: torch.Tensor, keep: bool) -> torch.Tensor:
     return t if keep else t.squeeze(-1)
 
 
-def distance_sum(x, y, p=2, *, impl="streamed", backend="auto", chunk_size=None):
-    """sum_j ||x_i - y_j||_p for each row i: (N,) or (B, N)."""
+def _sharding(impl: str, group, points: torch.Tensor):
+    """The sharding of a named operator's reduced axis (``group=`` or the context), and its total length."""
+    sharding = distributed.active(group)
+    if sharding is None:
+        return None, points.shape[-2]
+    if impl == "dense":
+        raise ValueError("impl='dense' computes on one process: it takes no group (and no lazytensor.distributed.sharded)")
+    return sharding, sum(sharding.sizes(points.shape[-2], points.device))
+
+
+def distance_sum(x, y, p=2, *, impl="streamed", backend="auto", chunk_size=None, group=None):
+    """sum_j ||x_i - y_j||_p for each row i: (N,) or (B, N). ``group``: y is this rank's shard (lazytensor.distributed)."""
     _check_impl(impl)
     _check_points(x=x, y=y)
+    _sharding(impl, group, y)
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0 < p < math.inf):
         raise ValueError(f"p must be a positive finite number, got {p!r}")
     if impl == "dense":
@@ -86,32 +96,36 @@ def distance_sum(x, y, p=2, *, impl="streamed", backend="auto", chunk_size=None)
         dist = diff.abs().sum(-1)
     else:
         dist = (diff.abs() ** p).sum(-1) ** (1.0 / p)
-    return dist.sum(1, backend=backend, chunk_size=chunk_size).squeeze(-1)
+    return dist.sum(1, backend=backend, chunk_size=chunk_size, group=group).squeeze(-1)
 
 
 def _gaussian(x, y, gamma):
     return -Pm(_as_param(gamma, x, "gamma")) * Vi(x).sqdist(Vj(y))
 
 
-def rbf_matmul(x, y, b, gamma, *, impl="streamed", backend="auto", chunk_size=None):
-    """sum_j exp(-gamma ||x_i - y_j||^2) b_j: (N, C) (or (N,) for a 1-D b)."""
+def rbf_matmul(x, y, b, gamma, *, impl="streamed", backend="auto", chunk_size=None, group=None):
+    """sum_j exp(-gamma ||x_i - y_j||^2) b_j: (N, C) (or (N,) for a 1-D b). ``group``: y, b are this rank's shard."""
     _check_impl(impl)
     _check_points(x=x, y=y)
+    _sharding(impl, group, y)
     b2 = _check_rows("b", b, "y", y)
     if impl == "dense":
         out = torch.exp(-gamma * torch.cdist(x, y).square()) @ b2
     else:
-        out = _gaussian(x, y, gamma).exp().matmul(b2, backend=backend, chunk_size=chunk_size)
+        out = _gaussian(x, y, gamma).exp().matmul(b2, backend=backend, chunk_size=chunk_size, group=group)
     return _squeeze_features(out, b.dim() > 1)
 
 
-def distance_quantile(x, y, q, *, impl="streamed", backend="auto", chunk_size=None):
-    """Per-row q-quantile of ||x_i - y_j|| over j, as torch.quantile: (N,) or (N, len(q))."""
+def distance_quantile(x, y, q, *, impl="streamed", backend="auto", chunk_size=None, group=None):
+    """Per-row q-quantile of ||x_i - y_j|| over j, as torch.quantile: (N,) or (N, len(q)). ``group``: y is a shard."""
     _check_impl(impl)
     _check_points(x=x, y=y)
-    scalar, *_ = quantile_ranks(q, y.shape[-2], x.dtype, x.device)  # one validation for both
+    _, total = _sharding(impl, group, y)
+    scalar, *_ = quantile_ranks(q, total, x.dtype, x.device)  # one validation for both
+    if total == 0:
+        raise ValueError("distance_quantile: y is empty (torch.quantile needs a non-empty input)")
     if impl == "streamed":
-        out = Vi(x).sqdist(Vj(y)).sqrt().quantile(q, 1, backend=backend, chunk_size=chunk_size)
+        out = Vi(x).sqdist(Vj(y)).sqrt().quantile(q, 1, backend=backend, chunk_size=chunk_size, group=group)
         return out.squeeze(-1) if scalar else out
     qt = torch.as_tensor(q, dtype=x.dtype, device=x.device)
     dist = torch.cdist(x, y)
@@ -121,46 +135,66 @@ def distance_quantile(x, y, q, *, impl="streamed", backend="auto", chunk_size=No
     return out if scalar else out.movedim(0, -1)
 
 
-def kernel_regression(x_query, x_train, y_train, gamma, *, impl="streamed", backend="auto", chunk_size=None):
-    """Normalized RBF smoothing sum_j softmax_j(-gamma ||x_i - t_j||^2) y_j: (N, E) (or (N,))."""
+def kernel_regression(x_query, x_train, y_train, gamma, *, impl="streamed", backend="auto", chunk_size=None, group=None):
+    """Normalized RBF smoothing sum_j softmax_j(-gamma ||x_i - t_j||^2) y_j: (N, E) (or (N,)).
+
+    ``group``: x_train and y_train are this rank's shard (lazytensor.distributed).
+    """
     _check_impl(impl)
     _check_points(x_query=x_query, x_train=x_train)
+    _sharding(impl, group, x_train)
     y2 = _check_rows("y_train", y_train, "x_train", x_train)
     if impl == "dense":
         weights = torch.softmax(-gamma * torch.cdist(x_query, x_train).square(), dim=-1)
         out = weights @ y2
     else:
-        out = _gaussian(x_query, x_train, gamma).softmax_weighted_sum(y2, 1, backend=backend, chunk_size=chunk_size)
+        out = _gaussian(x_query, x_train, gamma).softmax_weighted_sum(y2, 1, backend=backend, chunk_size=chunk_size,
+                                                                      group=group)
     return _squeeze_features(out, y_train.dim() > 1)
 
 
-def knn_regression(x_query, x_train, y_train, k, *, impl="streamed", backend="auto", chunk_size=None):
+def knn_regression(x_query, x_train, y_train, k, *, impl="streamed", backend="auto", chunk_size=None, group=None):
     """Mean of the targets of the k nearest training points: (N, E) (or (N,)).
 
     The neighbours are piecewise constant in the positions, so gradients flow
-    to ``y_train`` only (as in the dense twin).
+    to ``y_train`` only (as in the dense twin). ``group``: x_train and y_train
+    are this rank's shard; each rank adds its own neighbours' targets.
     """
     _check_impl(impl)
     _check_points(x_query=x_query, x_train=x_train)
     y2 = _check_rows("y_train", y_train, "x_train", x_train)
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= x_train.shape[-2]:
-        raise ValueError(f"k must be an integer in [1, {x_train.shape[-2]}], got {k!r}")
+    sharding, total = _sharding(impl, group, x_train)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= total:
+        raise ValueError(f"k must be an integer in [1, {total}], got {k!r}")
     if impl == "dense":
         index = torch.topk(torch.cdist(x_query, x_train), k, dim=-1, largest=False).indices
     else:
-        index = Vi(x_query).sqdist(Vj(x_train)).argkmin(k, 1, backend=backend, chunk_size=chunk_size)
+        index = Vi(x_query).sqdist(Vj(x_train)).argkmin(k, 1, backend=backend, chunk_size=chunk_size, group=group)
         index = index.reshape(*x_query.shape[:-1], k)
-    if y2.dim() == 2:
-        out = y2[index].mean(-2)
-    else:
-        out = torch.gather(y2.expand(index.shape[0], -1, -1), 1, index.flatten(1).unsqueeze(-1).expand(-1, -1, y2.shape[-1]))
-        out = out.unflatten(1, index.shape[1:]).mean(-2)
+    mine = None
+    if sharding is not None:  # global indices: this rank's own neighbours only
+        index = index - sum(sharding.sizes(x_train.shape[-2], index.device)[: sharding.rank])
+        mine = (index >= 0) & (index < x_train.shape[-2])
+        index = index.clamp(0, max(x_train.shape[-2] - 1, 0))
+    y3 = y2 if y2.dim() == 3 else y2.unsqueeze(0)
+    batch = index.reshape(-1, *index.shape[-2:])
+    picked = torch.gather(y3.expand(batch.shape[0], -1, -1), 1, batch.flatten(1).unsqueeze(-1).expand(-1, -1, y3.shape[-1]))
+    picked = picked.unflatten(1, batch.shape[1:]).reshape(*index.shape, y3.shape[-1])
+    if mine is not None:
+        picked = picked * mine.unsqueeze(-1)
+    out = picked.sum(-2) / k
+    if sharding is not None:
+        out = distributed.sum_over_ranks(out, sharding)
     return _squeeze_features(out, y_train.dim() > 1)
 
 
-def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, impl="streamed", chunk_size=None):
-    """Scaled dot-product attention on (B, H, L, d) tensors, as F.scaled_dot_product_attention."""
+def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, impl="streamed", chunk_size=None, group=None):
+    """Scaled dot-product attention on (B, H, L, d) tensors, as F.scaled_dot_product_attention.
+
+    ``group``: k, v (and the mask's key columns) are this rank's shard of the keys.
+    """
     _check_impl(impl)
+    sharding, _ = _sharding(impl, group, k)
     if impl == "dense":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
-    return streamed_attention(q, k, v, attn_mask, is_causal, scale, chunk_size=chunk_size)
+    return streamed_attention(q, k, v, attn_mask, is_causal, scale, chunk_size=chunk_size, sharding=sharding)

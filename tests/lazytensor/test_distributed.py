@@ -56,6 +56,22 @@ def run_all(x, y, b, backend="eager"):
     return results
 
 
+NAMED = {
+    "rbf_matmul": lambda x, y, b, **kw: lt.rbf_matmul(x, y, b, 0.5, **kw),
+    "distance_sum": lambda x, y, b, **kw: lt.distance_sum(x, y, **kw),
+    "distance_quantile": lambda x, y, b, **kw: lt.distance_quantile(x, y, torch.tensor([0.3, 0.6], dtype=x.dtype), **kw),
+    "kernel_regression": lambda x, y, b, **kw: lt.kernel_regression(x, y, b, 0.7, **kw),
+    "knn_regression": lambda x, y, b, **kw: lt.knn_regression(x, y, b, 4, **kw),
+}
+
+
+def _with_grads(op, a, b, c, kw):
+    a, b, c = (t.detach().requires_grad_() for t in (a, b, c))
+    out = op(a, b, c, **kw)
+    w = torch.linspace(0.5, 1.5, out.numel(), dtype=out.dtype).reshape(out.shape)
+    return out, torch.autograd.grad((out * w).sum(), [a, b, c], allow_unused=True)
+
+
 def _worker(rank, path, queue):
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
     torch.set_num_threads(1)
@@ -78,11 +94,28 @@ def _worker(rank, path, queue):
                         assert a is None or not a.abs().any()
                     else:
                         torch.testing.assert_close(a, r, **TOL, msg=lambda m, label=label: f"{label} gradient: {m}")
-        # the group= keyword and the reduction over i (the i axis sharded)
+        # the group= keyword, the reduction over i (the i axis sharded) and every named operator
         rows = slice(0, 10) if rank == 0 else slice(10, 17)
-        with lt.distributed.sharded(dist.group.WORLD):
-            out = (-lt.Vi(y[rows]).sqdist(lt.Vj(x))).exp().sum(0)
+        world = dist.group.WORLD
+        out = (-lt.Vi(y[rows]).sqdist(lt.Vj(x))).exp().sum(0, group=world)
         torch.testing.assert_close(out, torch.exp(-torch.cdist(y, x) ** 2).sum(0).unsqueeze(-1), **TOL)
+        for name, op in NAMED.items():
+            full_out, full_grads = _with_grads(op, x, y, b, {})
+            out, grads = _with_grads(op, x, y[rows], b[rows], {"group": world})
+            torch.testing.assert_close(out, full_out, **TOL, msg=lambda m, n=name: f"{n}: {m}")
+            for a, r, local in zip(grads, full_grads, (False, True, True)):
+                if r is not None:
+                    torch.testing.assert_close(a, r[rows] if local else r, **TOL, msg=lambda m, n=name: f"{n} grad: {m}")
+        q, kk, vv = (torch.randn(2, 3, 17, 4, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+                     for s in (1, 2, 3))
+        for causal in (False, True):
+            full_out, full_grads = _with_grads(lambda a, b_, c, causal=causal, **kw: lt.attention(a, b_, c, is_causal=causal, **kw),
+                                               q[:, :, :13], kk, vv, {})
+            out, grads = _with_grads(lambda a, b_, c, causal=causal, **kw: lt.attention(a, b_, c, is_causal=causal, **kw),
+                                     q[:, :, :13], kk[:, :, rows], vv[:, :, rows], {"group": world})
+            torch.testing.assert_close(out, full_out, **TOL)
+            for a, r, local in zip(grads, full_grads, (False, True, True)):
+                torch.testing.assert_close(a, r[:, :, rows] if local else r, **TOL)
         queue.put((rank, "ok"))
     except BaseException as exc:  # noqa: BLE001 - report to the parent, which fails the test
         queue.put((rank, f"{type(exc).__name__}: {exc}"))
