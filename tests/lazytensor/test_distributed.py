@@ -109,10 +109,11 @@ def _worker(rank, path, queue):
         q, kk, vv = (torch.randn(2, 3, 17, 4, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
                      for s in (1, 2, 3))
         for causal in (False, True):
-            full_out, full_grads = _with_grads(lambda a, b_, c, causal=causal, **kw: lt.attention(a, b_, c, is_causal=causal, **kw),
-                                               q[:, :, :13], kk, vv, {})
-            out, grads = _with_grads(lambda a, b_, c, causal=causal, **kw: lt.attention(a, b_, c, is_causal=causal, **kw),
-                                     q[:, :, :13], kk[:, :, rows], vv[:, :, rows], {"group": world})
+            def attend(a, b_, c, causal=causal, **kw):
+                return lt.attention(a, b_, c, is_causal=causal, **kw)
+
+            full_out, full_grads = _with_grads(attend, q[:, :, :13], kk, vv, {})
+            out, grads = _with_grads(attend, q[:, :, :13], kk[:, :, rows], vv[:, :, rows], {"group": world})
             torch.testing.assert_close(out, full_out, **TOL)
             for a, r, local in zip(grads, full_grads, (False, True, True)):
                 torch.testing.assert_close(a, r[:, :, rows] if local else r, **TOL)
