@@ -55,10 +55,11 @@ class Sharding:
         self.dist.all_gather(parts, mine, group=self.group)
         return [int(p) for p in parts]
 
-    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        t = t.contiguous().clone()
-        self.dist.all_reduce(t, group=self.group)
-        return t
+    def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        flag = t.dtype == torch.bool  # gloo reduces no booleans
+        t = (t.to(torch.uint8) if flag else t).contiguous().clone()
+        self.dist.all_reduce(t, op=getattr(self.dist.ReduceOp, op.upper()), group=self.group)
+        return t.bool() if flag else t
 
     def gather(self, t: torch.Tensor) -> list[torch.Tensor]:
         flag = t.dtype == torch.bool  # gloo gathers no booleans
@@ -68,9 +69,13 @@ class Sharding:
         return [p.bool() for p in parts] if flag else parts
 
     def merge(self, consumer, state: tuple) -> tuple:
-        """Fold every rank's state of ``consumer`` in rank order (sums: one all-reduce)."""
-        if getattr(consumer, "summable", False):
-            return tuple(self.all_reduce(t) for t in state)
+        """Every rank's state of ``consumer`` folded in rank order by its ``combine``.
+
+        A consumer whose state merges more cheaply (sums: one all-reduce) says
+        so with a ``merge_ranks(state, sharding)`` method.
+        """
+        if hasattr(consumer, "merge_ranks"):
+            return consumer.merge_ranks(state, self)
         gathered = [self.gather(t) for t in state]
         merged = tuple(g[0] for g in gathered)
         for r in range(1, self.size):

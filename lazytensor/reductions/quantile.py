@@ -88,6 +88,11 @@ class Histogram(_PerTarget):
             return partial
         return state[0] + partial[0], state[1], state[2] | partial[2]
 
+    def merge_ranks(self, state, sharding):
+        """Every rank's counts added (one all-reduce, not a gather of every rank's histograms)."""
+        hist, need, nan = state
+        return sharding.all_reduce(hist), need, sharding.all_reduce(nan, "max")
+
     def finalize(self, state, rows, batch):
         hist, need, nan = state
         counts = hist[..., 1:]

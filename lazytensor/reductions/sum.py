@@ -28,10 +28,9 @@ class Sum(Reduction):
     name = "sum"
     differentiable = (True,)
 
-    @property
-    def summable(self) -> bool:
-        """Row sums merge across ranks by one all-reduce (``lazytensor.distributed``)."""
-        return self.reduced_axis == "j"
+    def merge_ranks(self, state, sharding):
+        """Row sums of every rank's columns: one all-reduce (``lazytensor.distributed``)."""
+        return tuple(sharding.all_reduce(t) for t in state)
 
     def __init__(self, expr: sympy.Expr, info: dict, dim: int | None = None, reduced_axis: str = "j"):
         self.expr, self.reduced_axis = expr, reduced_axis
