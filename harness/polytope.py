@@ -21,7 +21,8 @@ from torch import nn
 
 from .method import BenchmarkError, summarize, write_json
 
-TASKS = ("rosenbrock", "quadratic", "teacher-mlp", "moons-mlp", "digits-mlp")
+TASKS = ("rosenbrock", "quadratic", "teacher-mlp", "moons-mlp", "digits-mlp",
+         "cancer-mlp", "diabetes-mlp", "digits-cnn", "rosenbrock-50", "quadratic-100")
 OPTIMIZERS = ("polytope", "random-search", "spsa", "sep-cma", "polystep", "adam")
 
 
@@ -130,8 +131,69 @@ def digits_task(seed: int) -> Task:
     return mlp_task("digits-mlp", [64, 16, 10], inputs, torch.tensor(y, dtype=torch.long), "ce", seed)
 
 
+def standardized(x) -> torch.Tensor:
+    inputs = torch.tensor(x, dtype=torch.float64)
+    return (inputs - inputs.mean(0)) / inputs.std(0).clamp_min(1e-6)
+
+
+def cancer_task(seed: int) -> Task:
+    """30-16-2 tanh MLP on sklearn's breast_cancer (569 samples, standardized), cross-entropy, 530 parameters."""
+    from sklearn.datasets import load_breast_cancer
+
+    x, y = load_breast_cancer(return_X_y=True)
+    return mlp_task("cancer-mlp", [30, 16, 2], standardized(x), torch.tensor(y, dtype=torch.long), "ce", seed)
+
+
+def diabetes_task(seed: int) -> Task:
+    """10-32-1 tanh MLP on sklearn's diabetes (442 samples, inputs and target standardized), MSE, 385 parameters."""
+    from sklearn.datasets import load_diabetes
+
+    x, y = load_diabetes(return_X_y=True)
+    return mlp_task("diabetes-mlp", [10, 32, 1], standardized(x), standardized(y[:, None])[:, 0], "mse", seed)
+
+
+class SmallCNN(nn.Module):
+    """Conv 3x3 stride 2 (1 -> 4 channels) - tanh - linear 36 -> 10, on 8x8 images: 410 parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, stride=2)
+        self.fc = nn.Linear(36, 10)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.tanh(self.conv(images)).flatten(1))
+
+
+def cnn_task(seed: int) -> Task:
+    """SmallCNN on sklearn's digits (1,797 8x8 images, standardized pixels), cross-entropy."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    images = standardized(x).reshape(-1, 1, 8, 8)
+    targets = torch.tensor(y, dtype=torch.long)
+    torch.manual_seed(seed)
+    model = SmallCNN().to(torch.float64)
+    x0 = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    patches = nn.functional.unfold(images, 3, stride=2).transpose(0, 1).reshape(9, -1)  # the convolution as one product
+
+    def objective(params: torch.Tensor) -> torch.Tensor:
+        count = params.shape[0]
+        conv_w, conv_b = params[:, :36].reshape(count, 4, 9), params[:, 36:40]
+        fc_w, fc_b = params[:, 40:400].reshape(count, 10, 36), params[:, 400:410]
+        conv = (conv_w.reshape(count * 4, 9) @ patches).reshape(count, 4, -1, 9) + conv_b[:, :, None, None]
+        hidden = torch.tanh(conv).transpose(1, 2).flatten(2)  # (C, N, channel x position), the module's order
+        logits = torch.baddbmm(fc_b.unsqueeze(1), hidden, fc_w.transpose(1, 2))
+        logp = torch.log_softmax(logits, dim=-1)
+        return -logp.gather(2, targets.expand(count, -1).unsqueeze(-1)).squeeze(-1).mean(1)
+
+    return Task("digits-cnn", x0, objective, model, nn.CrossEntropyLoss(), (images, targets))
+
+
 TASK_BUILDERS = {"rosenbrock": rosenbrock_task, "quadratic": quadratic_task, "teacher-mlp": teacher_task,
-                 "moons-mlp": moons_task, "digits-mlp": digits_task}
+                 "moons-mlp": moons_task, "digits-mlp": digits_task, "cancer-mlp": cancer_task,
+                 "diabetes-mlp": diabetes_task, "digits-cnn": cnn_task,
+                 "rosenbrock-50": lambda seed: rosenbrock_task(seed, dim=50),
+                 "quadratic-100": lambda seed: quadratic_task(seed, dim=100, condition=1e3)}
 
 
 # ----------------------------------------------------------------------------- the meter

@@ -174,3 +174,30 @@ class MultifidelityScreen:
         """Control-variate estimate of every full loss (``full`` only read where kept)."""
         correction = torch.where(kept, (full - screen) / probs, torch.zeros_like(screen))
         return screen + correction
+
+
+class ProbeScale:
+    """The probe-radius multiplier ``s`` that the radius model and adaptive probes steer.
+
+    With the quadratic model it follows the step length (``s *= clip(|move| /
+    (s r), 1/2, 2)^(1/2)``, so probes stay at the scale the model moves on);
+    adaptive probes lean toward the radius whose best vertex did best; a worse
+    incumbent without a trust region halves it.
+    """
+
+    minimum, maximum = 1e-6, 1e6
+
+    def __init__(self, value: float = 1.0):
+        self.value = value
+
+    def follow_moves(self, ratio: float) -> None:
+        self.value *= min(max(ratio, 0.5), 2.0) ** 0.5
+
+    def prefer_radius(self, best: float, geometric_mean: float) -> None:
+        self.value *= (best / geometric_mean) ** 0.5
+
+    def halve(self) -> None:
+        self.value *= 0.5
+
+    def clamp(self) -> None:
+        self.value = min(max(self.value, self.minimum), self.maximum)

@@ -89,6 +89,27 @@ def sinkhorn_plan(
     return TransportResult(plan, (f, g), info)
 
 
+class Transport:
+    """The configured solver, with Sinkhorn's potentials kept as the next step's warm start."""
+
+    def __init__(self, solver: str, relaxation: float | None = 1.0, max_iter: int = 200):
+        self.solver, self.relaxation, self.max_iter = solver, relaxation, max_iter
+        self.potentials: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def plan(self, costs: torch.Tensor, epsilon: float) -> TransportResult:
+        """Plan for raw costs (normalized here); Sinkhorn's ``info`` warns when it did not converge."""
+        normalized = normalize_costs(costs)
+        if self.solver == "softmax":
+            return softmax_plan(normalized, epsilon)
+        if self.solver == "argmin":
+            return argmin_plan(normalized)
+        result = sinkhorn_plan(normalized, epsilon, self.relaxation, self.potentials, self.max_iter)
+        self.potentials = result.potentials
+        if not result.info["converged"]:
+            result.info["sinkhorn_warning"] = "Sinkhorn did not converge; the plan's column marginals are approximate"
+        return result
+
+
 def barycentric_directions(plan: torch.Tensor, vertices: torch.Tensor) -> torch.Tensor:
     """Row-normalised plan times vertices: (P, V) x (P, V, d) -> (P, d) points in the unit polytope."""
     weights = plan / plan.sum(1, keepdim=True)

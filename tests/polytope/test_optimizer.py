@@ -222,7 +222,7 @@ def test_momentum_survives_rotation_like_flat_heavy_ball():
         velocity = step
         previous = p[0].detach().clone()
         assert float(move.norm()) <= 0.1 * 1.0 + 1e-12  # the OT move itself stays inside the probe radius
-    assert float((opt._bases[0] @ opt._velocity[0] - velocity).norm()) < 1e-12
+    assert float((opt.probes.bases[0] @ opt.momentum_state.velocity[0] - velocity).norm()) < 1e-12
 
 
 def test_trust_region_rejects_a_bad_move_on_the_same_batch_and_shrinks():
