@@ -7,6 +7,7 @@ readable sequence of "probe, solve, move, control".
 from __future__ import annotations
 
 import math
+from collections.abc import MutableMapping
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -201,3 +202,57 @@ class ProbeScale:
 
     def clamp(self) -> None:
         self.value = min(max(self.value, self.minimum), self.maximum)
+
+
+class _RadiusAlias(MutableMapping):
+    """A parameter group seen with ``lr`` meaning the probe ``radius`` (and ``initial_lr`` its start)."""
+
+    ALIASES = {"lr": "radius", "initial_lr": "initial_radius"}
+
+    def __init__(self, group: dict):
+        self.group = group
+
+    def _key(self, key):
+        return self.ALIASES.get(key, key)
+
+    def __getitem__(self, key):
+        return self.group[self._key(key)]
+
+    def __setitem__(self, key, value) -> None:
+        self.group[self._key(key)] = value
+
+    def __delitem__(self, key) -> None:
+        del self.group[self._key(key)]
+
+    def __iter__(self):
+        inverse = {v: k for k, v in self.ALIASES.items()}
+        return (inverse.get(key, key) for key in self.group)
+
+    def __len__(self) -> int:
+        return len(self.group)
+
+
+class ProbeRadius(torch.optim.Optimizer):
+    """A view of a PolytopeOptimizer whose groups' ``lr`` is the probe radius: hand it to any
+    ``torch.optim.lr_scheduler`` to schedule the radius (``StepLR(ProbeRadius(opt), 10, 0.5)``).
+
+    The view never steps itself; schedulers only read and write its ``param_groups``.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer):  # noqa: super().__init__ would rebuild groups
+        if not all("radius" in group for group in getattr(optimizer, "param_groups", [{}])):
+            raise TypeError(f"ProbeRadius needs a PolytopeOptimizer, got {type(optimizer).__name__}")
+        self.optimizer = optimizer
+        self.defaults, self.state = {}, {}
+        self.param_groups = [_RadiusAlias(group) for group in optimizer.param_groups]
+
+    def step(self, closure=None):  # what a scheduler's step-order check wraps; forwards to the optimizer
+        return self.optimizer.step(closure)
+
+    @property
+    def _opt_called(self) -> bool:  # the scheduler's "optimizer.step() came first" check looks at the real optimizer
+        return getattr(self.optimizer, "_step_count", 0) > 0
+
+    @_opt_called.setter
+    def _opt_called(self, value) -> None:
+        pass

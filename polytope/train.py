@@ -53,7 +53,8 @@ def _check_batch(batch, where: str) -> tuple[torch.Tensor, Any]:
 
 
 def _is_pair(data) -> bool:
-    return isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], (tuple, list))
+    """A sequence of array-likes (not of batches) is meant as the (inputs, targets) form, whatever its length."""
+    return isinstance(data, (tuple, list)) and len(data) > 0 and not any(isinstance(item, (tuple, list)) for item in data)
 
 
 def _batches(data, batch_size: int | None, generator: torch.Generator) -> tuple[Iterator[tuple[Any, Any]], bool]:

@@ -134,8 +134,22 @@ def test_load_state_dict_rejects_another_layout():
     (dict(blocks=0), ValueError, "blocks"),
     (dict(blocks=[5, 5]), ValueError, "blocks"),
     (dict(block_dim=0), ValueError, "block_dim"),
+    (dict(blocks=True), ValueError, "blocks"),
     (dict(solver="exact"), ValueError, "solver"),
     (dict(temperature=0.0), ValueError, "temperature"),
+    (dict(temperature=[0.1, 0.2]), TypeError, "temperature"),
+    (dict(momentum="0.5"), TypeError, "momentum"),
+    (dict(momentum=float("nan")), ValueError, "momentum"),
+    (dict(seed="a"), TypeError, "seed"),
+    (dict(seed=1.5), TypeError, "seed"),
+    (dict(seed=-1), ValueError, "seed"),
+    (dict(lr=True), TypeError, "lr"),
+    (dict(chunk_size=True), TypeError, "chunk_size"),
+    (dict(chunk_size=2.0), TypeError, "chunk_size"),
+    (dict(block_dim="4"), TypeError, "block_dim"),
+    (dict(max_evaluations=0), ValueError, "max_evaluations"),
+    (dict(candidate_autocast=torch.int8), ValueError, "candidate_autocast"),
+    (dict(sinkhorn_max_iter=10.0), TypeError, "sinkhorn_max_iter"),
     (dict(lr=-1.0), ValueError, "lr"),
     (dict(momentum=1.0), ValueError, "momentum"),
     (dict(sinkhorn_relaxation=0.0), ValueError, "sinkhorn_relaxation"),
@@ -303,3 +317,107 @@ def test_resync_adopts_external_weight_changes():
     opt.step(rec, objective_token=0)
     assert rec.shapes[0] == (1, 12)  # only the new incumbent: no stale comparison
     assert float((p[0].detach() - 2.0).abs().max()) <= 0.1 * 2 + 1e-12
+
+
+class Counter:
+    """Closure that counts the candidates it actually scored (not trusting the optimizer's counter)."""
+
+    def __init__(self, f):
+        self.f, self.scored = f, 0
+
+    def __call__(self, candidates, subset=None):
+        self.scored += candidates.shape[0]
+        return self.f(candidates)
+
+
+BUDGET_OPTIONS = [
+    dict(),
+    dict(radius_model="quadratic", trust_region=True, rotation="last_step", momentum=0.5, blocks="all", block_dim=3),
+    dict(polytope="simplex", radii=(0.05, 0.2), blocks=5),
+    dict(adaptive_probes=True, radius_model="quadratic", trust_region=True, radii=(0.05, 0.2)),
+]
+
+
+@pytest.mark.parametrize("options", BUDGET_OPTIONS)
+@pytest.mark.parametrize("budget", [1, 5, 37, 200])
+@pytest.mark.parametrize("chunk_size", [None, 7])
+def test_optimizer_budget_is_a_hard_cap_and_the_last_step_uses_what_is_left(options, budget, chunk_size):
+    f = Counter(quadratic())
+    opt = PolytopeOptimizer(params(shapes=[(3, 3), (3,)]), seed=0, chunk_size=chunk_size, max_evaluations=budget,
+                            **{"radii": 0.1, **options})
+    results = [opt.step(f, objective_token=0) for _ in range(60)]
+    assert f.scored == opt.candidates_scored == opt.evaluations <= budget
+    smallest = 2 * len(opt.radius_ratios) + 2  # one probe pair per radius, two incumbents
+    assert budget - opt.evaluations < smallest
+    assert results[-1] is None and opt.last_info["exhausted"]
+
+
+def test_per_step_cap_shrinks_the_step_to_a_subset_of_blocks_or_axes():
+    f = Counter(quadratic())
+    opt = PolytopeOptimizer(params(shapes=[(3, 3), (3,)]), radii=0.1, seed=0)
+    opt.step(f, max_evaluations=10)  # full step: 18 + 6 probes
+    assert f.scored == 6 and opt.last_info["probed_blocks"] == 1  # the 3-vector block alone fits
+    opt.step(f, max_evaluations=5)
+    assert f.scored == 10  # two axes of one block
+    assert opt.step(f, max_evaluations=1) is None and f.scored == 10
+
+
+def test_multifidelity_screen_keeps_its_budget():
+    data = torch.randn(32, 12, dtype=torch.float64)
+
+    def closure(x, subset=None):
+        rows = data if subset is None else data[subset]
+        return ((x[:, None, :] - rows) ** 2).sum(-1).mean(1)
+
+    screen = dict(screen_fidelity=4, num_probe=32, screen_keep_ratio=0.3)
+    for budget in (3, 17, 100):
+        opt = PolytopeOptimizer(params(), radii=0.1, multifidelity_screen=screen, max_evaluations=budget, seed=0)
+        for _ in range(40):
+            opt.step(closure)
+        assert opt.evaluations <= budget + 1e-9
+
+
+def test_lr_and_radius_live_in_param_groups_and_lr_schedulers_change_the_step():
+    from polytope.controllers import ProbeRadius
+
+    f = quadratic()
+    moves = []
+    for factor in (1.0, 0.5):
+        p = params()
+        opt = PolytopeOptimizer(p, radii=0.1, seed=0)
+        torch.optim.lr_scheduler.LambdaLR(opt, lambda step: factor)  # sets lr = factor * initial lr at once
+        opt.step(f)
+        moves.append(p[0].detach() - 1.0)
+    assert torch.allclose(moves[1], 0.5 * moves[0], rtol=1e-12, atol=0)
+
+    rec = Recorder(f)
+    opt = PolytopeOptimizer(params(), radii=0.1, seed=0)
+    radius = torch.optim.lr_scheduler.StepLR(ProbeRadius(opt), step_size=1, gamma=0.5)
+    for _ in range(2):
+        rec.shapes.clear()
+        spread = []
+        opt.step(lambda x: spread.append(float((x - opt.incumbent).norm(dim=1).max())) or f(x))
+        radius.step()
+    assert opt.param_groups[0]["radius"] == pytest.approx(0.025) and spread[0] == pytest.approx(0.05)
+
+
+def test_param_groups_get_their_own_radius_and_blocks_stay_inside_groups():
+    a, b = torch.nn.Parameter(torch.ones(4, dtype=torch.float64)), torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    seen = []
+    opt = PolytopeOptimizer([{"params": [a]}, {"params": [b], "radius": 0.5}], radii=0.1, blocks="all", seed=0)
+    opt.step(lambda x: seen.append(x.clone()) or x.square().sum(1))
+    change = seen[0] - 1.0
+    assert [int(i.numel()) for i in opt.blocks] == [4, 3]
+    assert torch.allclose(change[:8, :4].norm(dim=1), torch.full((8,), 0.1, dtype=torch.float64))
+    assert torch.allclose(change[8:, 4:].norm(dim=1), torch.full((6,), 0.5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="radius"):
+        PolytopeOptimizer([{"params": [a], "radius": -1.0}])
+    with pytest.raises(ValueError, match="cut across"):
+        PolytopeOptimizer([{"params": [a]}, {"params": [b]}], blocks=[2, 5])
+
+
+def test_load_state_dict_names_a_missing_key():
+    saved = PolytopeOptimizer(params(), seed=0).state_dict()
+    del saved["velocity"]
+    with pytest.raises(KeyError, match="velocity"):
+        PolytopeOptimizer(params(), seed=0).load_state_dict(saved)
