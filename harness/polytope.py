@@ -23,7 +23,8 @@ from .method import BenchmarkError, summarize, write_json
 
 TASKS = ("rosenbrock", "quadratic", "teacher-mlp", "moons-mlp", "digits-mlp",
          "cancer-mlp", "diabetes-mlp", "digits-cnn", "rosenbrock-50", "quadratic-100")
-OPTIMIZERS = ("polytope", "random-search", "spsa", "sep-cma", "polystep", "adam")
+OPTIMIZERS = ("polytope-defaults", "polytope", "random-search", "spsa", "sep-cma", "polystep", "adam")
+LABELS = {"polytope-defaults": "polytope (defaults)", "polytope": "polytope (tuned)"}
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -247,10 +248,10 @@ def run_polytope(task: Task, meter: Meter, seed: int, config: dict) -> None:
     from polytope import PolytopeOptimizer
 
     params = list(task.model.parameters()) if task.model is not None else [nn.Parameter(task.x0.clone())]
-    optimizer = PolytopeOptimizer(params, seed=seed, **config)
-    while True:
-        optimizer.step(meter, objective_token=task.name)  # a fixed objective: the same token every step
-        meter.observe(lambda: optimizer.incumbent)
+    optimizer = PolytopeOptimizer(params, seed=seed, max_evaluations=meter.budget, **config)
+    while optimizer.step(meter, objective_token=task.name) is not None or not optimizer.last_info.get("exhausted"):
+        meter.observe(lambda: optimizer.incumbent)  # a fixed objective: the same token every step
+    meter.observe(lambda: optimizer.incumbent, force=True)
 
 
 def run_random_search(task: Task, meter: Meter, seed: int, config: dict) -> None:
@@ -334,13 +335,14 @@ def run_polystep(task: Task, meter: Meter, seed: int, config: dict) -> None:
         meter.observe(recommended)
 
 
-RUNNERS = {"polytope": run_polytope, "random-search": run_random_search, "spsa": run_spsa, "sep-cma": run_sep_cma,
+RUNNERS = {"polytope-defaults": run_polytope, "polytope": run_polytope, "random-search": run_random_search, "spsa": run_spsa, "sep-cma": run_sep_cma,
            "polystep": run_polystep, "adam": run_adam}
 OPTIONAL_PACKAGES = {"sep-cma": "cma", "polystep": "polystep"}
 
 # Six settings per method, chosen on a separate seed. Radii and step sizes are in
 # parameter units; MLP tasks start from PyTorch's default initialisation.
 GRIDS: dict[str, list[dict[str, Any]]] = {
+    "polytope-defaults": [{}],  # nothing but the seed and the budget: what a user who keeps the defaults gets
     "polytope": [
         {"radii": r, "radius_model": "quadratic", "trust_region": True, "rotation": "last_step", "momentum": m,
          "blocks": blocks, "block_dim": d}
@@ -486,7 +488,7 @@ def report(record: dict[str, Any], args: argparse.Namespace, console) -> None:
     for task_name, methods_out in record["tasks"].items():
         for method, data in methods_out.items():
             s = data["summary"]
-            table.add_row(task_name, method, f"{s['median']:.3g}", f"{s['iqr']:.2g}", f"{data['seconds']['median']:.2f}", str(data["chosen"]))
+            table.add_row(task_name, LABELS.get(method, method), f"{s['median']:.3g}", f"{s['iqr']:.2g}", f"{data['seconds']['median']:.2f}", str(data["chosen"]))
     console.print(table)
     write_json(args.output, record)
     if args.output is not None:

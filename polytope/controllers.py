@@ -204,6 +204,31 @@ class ProbeScale:
         self.value = min(max(self.value, self.minimum), self.maximum)
 
 
+class AdaptiveTemperature:
+    """The transport temperature, steered by how well the last move was predicted.
+
+    Costs reach the solver in units of the probes' mean absolute deviation (the
+    observed loss spread), so the temperature is dimensionless. A soft plan
+    (high temperature) averages every vertex into a gradient-like direction
+    that mixes frame axes, where the block model's per-axis curvature misses the
+    cross-axis terms; a sharp plan (low temperature) picks the best vertices,
+    whose axis models are exact. So: when the trust region finds a move
+    predicted well (rho > ``good_rho``) and inside its bound, the temperature
+    grows by ``grow``; otherwise it shrinks by ``shrink``; always within
+    [``minimum``, ``maximum``]. Without a trust region it stays put.
+    """
+
+    start, minimum, maximum = 2.0, 0.5, 8.0
+    grow, shrink, good_rho = 1.1, 0.8, 0.5
+
+    def __init__(self, value: float | None = None):
+        self.value = self.start if value is None else value
+
+    def update(self, rho: float, clipped: bool) -> None:
+        good = rho > self.good_rho and not clipped
+        self.value = min(max(self.value * (self.grow if good else self.shrink), self.minimum), self.maximum)
+
+
 class _RadiusAlias(MutableMapping):
     """A parameter group seen with ``lr`` meaning the probe ``radius`` (and ``initial_lr`` its start)."""
 

@@ -16,7 +16,8 @@ One evaluated step, stage by stage (each stage is its own module):
 ``lr``, ``radius`` (the first probe radius) and ``momentum`` live in
 ``param_groups``, so ``torch.optim.lr_scheduler`` and per-group settings work.
 Every candidate is scored through one ``Objective`` (``objective``), which a
-closure and a registered evaluator both become.
+closure and a registered evaluator both become. The defaults are the measured
+best configuration; what they size from the problem is in ``defaults``.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from . import validation as check
 from .candidates import CandidateBatch, CandidateGroup, Subspace
-from .controllers import MultifidelityScreen, ProbeScale, TrustRegion, check_schedule
+from .controllers import AdaptiveTemperature, MultifidelityScreen, ProbeScale, TrustRegion, check_schedule
+from .defaults import frame_dims, initial_radius
 from .geometry import POLYTOPES
 from .moves import RADIUS_MODELS, BlockModels, Momentum, fit_models, move_lengths
 from .objective import ClosureObjective, EvaluatorObjective, Objective, chunks
@@ -78,8 +80,8 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         self,
         params,
         polytope: str = "orthoplex",
-        radii: float | Sequence[float] = (0.05,),
-        blocks: str | int | Sequence[int] = "tensor",
+        radii: float | Sequence[float] | None = None,
+        blocks: str | int | Sequence[int] = "all",
         block_dim: int | None = None,
         subspace: Subspace | None = None,
         chunk_size: int | None = None,
@@ -89,34 +91,37 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         compile_forward: bool | None = None,
         candidate_autocast: torch.dtype | None = None,
         solver: str = "softmax",
-        temperature: float = 0.5,
+        temperature: float | None = None,
         sinkhorn_relaxation: float | None = 1.0,
         sinkhorn_max_iter: int = 200,
         lr: float = 1.0,
-        momentum: float = 0.0,
+        momentum: float = 0.5,
         step_schedule: Callable[[int], float] | None = None,
         temperature_schedule: Callable[[int], float] | None = None,
-        rotation: str = "random",
-        radius_model: str | None = None,
-        trust_region: bool | dict = False,
+        rotation: str = "last_step",
+        radius_model: str | None = "quadratic",
+        trust_region: bool | dict = True,
         adaptive_probes: bool = False,
         amortize_steps: int | None = None,
         multifidelity_screen: dict | None = None,
         seed: int | None = None,
         max_evaluations: float | None = None,
     ):
-        radii = check.positives("radii", radii)
+        radii = (None,) if radii is None else check.positives("radii", radii)
         defaults = {"lr": check.positive("lr", lr), "radius": radii[0],
                     "momentum": check.real("momentum", momentum, low=0.0, low_open=False, high=1.0, high_open=True)}
         super().__init__(params, defaults)
         for group in self.param_groups:
+            if group["radius"] is None:  # automatic: from this group's initial spread
+                group["radius"] = initial_radius(group["params"])
             self._check_group(group)
         self._params = [p for group in self.param_groups for p in group["params"]]
         self.polytope = check.choice("polytope", polytope, POLYTOPES)
         self.rotation = check.choice("rotation", rotation, ROTATIONS)
         self.radius_model = check.choice("radius_model", radius_model, RADIUS_MODELS)
-        self.radius_ratios = torch.tensor([r / radii[0] for r in radii], dtype=torch.float64)
-        self.temperature = check.positive("temperature", temperature)
+        self.radius_ratios = torch.tensor([1.0 if r is None else r / radii[0] for r in radii], dtype=torch.float64)
+        self.temperature = None if temperature is None else check.positive("temperature", temperature)
+        self.adaptive_temperature = AdaptiveTemperature() if temperature is None else None
         self.transport = Transport(check.choice("solver", solver, SOLVERS),
                                    None if sinkhorn_relaxation is None else check.positive("sinkhorn_relaxation", sinkhorn_relaxation),
                                    check.integer("sinkhorn_max_iter", sinkhorn_max_iter))
@@ -134,7 +139,8 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         self.subspace = subspace
         self.screen = MultifidelityScreen.from_option(multifidelity_screen)
         if self.screen is not None and radius_model == "quadratic":
-            raise ValueError("multifidelity_screen cannot run with radius_model='quadratic': the curvature fit needs exact full-batch differences")
+            raise ValueError("multifidelity_screen cannot run with radius_model='quadratic' (the default): the curvature fit needs "
+                             "exact full-batch differences; pass radius_model=None with a screen")
         self.trust = TrustRegion.from_option(trust_region)
         self.step_schedule = check_schedule("step_schedule", step_schedule)
         self.temperature_schedule = check_schedule("temperature_schedule", temperature_schedule)
@@ -151,7 +157,11 @@ class PolytopeOptimizer(torch.optim.Optimizer):
             tensors = [[(p.numel(), p.dim()) for p in group["params"]] for group in self.param_groups]
             subspace_blocks = None
         blocks = make_blocks(blocks, tensors, subspace_blocks)
-        dims = [index.numel() if block_dim is None else min(index.numel(), block_dim) for index in blocks]
+        vertices = (lambda d: 2 * d) if self.polytope == "orthoplex" else (lambda d: d + 1)
+        if block_dim is None:
+            dims = frame_dims([index.numel() for index in blocks], vertices, self.max_evaluations)
+        else:
+            dims = [min(index.numel(), block_dim) for index in blocks]
         self.probes = Probes(blocks, dims, self.polytope, self._generator)
         group_of = [g for g, tensors_g in enumerate(tensors) for _ in range(sum(n for n, _ in tensors_g))]
         self._block_group = [group_of[int(index[0])] for index in blocks]
@@ -307,7 +317,9 @@ class PolytopeOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------ the step
     def _plan(self, costs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """(P, Vmax) plan; blocks outside ``rows`` (not probed) get none."""
-        epsilon = self.temperature * self.temperature_schedule(self._step_count)
+        base = self.temperature if self.adaptive_temperature is None else self.adaptive_temperature.value
+        epsilon = base * self.temperature_schedule(self._step_count)
+        self.last_info["temperature"] = epsilon
         result = self.transport.plan(costs[rows], epsilon)
         self.last_info["transport"] = result.info
         if "sinkhorn_warning" in result.info:
@@ -385,6 +397,8 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         clipped_before = self.last_info.get("clipped", False)
         self.last_info = {"step": t, "evaluated": True, "clipped": clipped_before}
         f_x = self._check_incumbents(objective, objective_token) if incumbent_cost else None
+        if self.adaptive_temperature is not None and "rho" in self.last_info:
+            self.adaptive_temperature.update(self.last_info["rho"], clipped_before)
         if self.trust is None and self._model is not None and f_x is not None and objective_token is not None \
                 and objective_token == self._model.token and f_x > self._model.f_x:
             self.scale.halve()  # without a trust region, a worse incumbent at least stops the radius growing
@@ -446,7 +460,7 @@ class PolytopeOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------ state
     STATE_KEYS = ("layout", "x", "bases", "velocity", "last_move", "scale", "trust_radius", "potentials", "model", "pending",
-                  "record", "step_count", "evaluations", "candidates_scored", "generator", "last_info", "groups")
+                  "record", "step_count", "evaluations", "candidates_scored", "generator", "last_info", "groups", "temperature")
 
     def _layout(self) -> dict[str, Any]:
         return {"blocks": [int(b.numel()) for b in self.blocks], "dims": list(self.dims), "polytope": self.polytope}
@@ -478,6 +492,7 @@ class PolytopeOptimizer(torch.optim.Optimizer):
             "generator": self._generator.get_state(),
             "last_info": dict(self.last_info),
             "groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups],
+            "temperature": None if self.adaptive_temperature is None else self.adaptive_temperature.value,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -496,6 +511,8 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         self.momentum_state.velocity = [v.clone() for v in s["velocity"]]
         self.probes.last_move = [m.clone() for m in s["last_move"]]
         self.scale.value, self._trust_radius = s["scale"], s["trust_radius"]
+        if self.adaptive_temperature is not None:
+            self.adaptive_temperature.value = s["temperature"]
         self.transport.potentials = None if s["potentials"] is None else tuple(t.clone() for t in s["potentials"])
         self._model = BlockModels.from_state(s["model"])
         self._pending = s["pending"].clone()

@@ -12,6 +12,11 @@ def quadratic(n=12, seed=0):
     return lambda x: 0.5 * ((x @ a) * x).sum(-1)
 
 
+# The pre-defaults configuration: per-tensor full-dimensional frames, plain moves, fixed temperature.
+# Tests of one mechanism use it so that the defaults' controllers do not blur what they check.
+PLAIN = dict(blocks="tensor", block_dim=64, rotation="random", radius_model=None, trust_region=False, momentum=0.0, temperature=0.5)
+
+
 def params(n=12, shapes=None):
     if shapes is None:
         return [torch.nn.Parameter(torch.ones(n, dtype=torch.float64))]
@@ -56,11 +61,11 @@ class RandomSubspace:
 def test_closure_gets_flat_candidates_counting_blocks_vertices_radii(polytope, per_block):
     shapes = [(2, 3), (3,), (4,)]
     rec = Recorder(lambda x: x.square().sum(1))
-    opt = PolytopeOptimizer(params(shapes=shapes), polytope=polytope, radii=(0.1, 0.2), seed=0)
+    opt = PolytopeOptimizer(params(shapes=shapes), polytope=polytope, radii=(0.1, 0.2), seed=0, **PLAIN)
     opt.step(rec)
     assert rec.shapes == [(sum(per_block(d) for d in (6, 3, 4)) * 2, 13)]
     rec.shapes.clear()
-    opt = PolytopeOptimizer(params(shapes=shapes), polytope=polytope, radii=(0.1, 0.2), chunk_size=7, seed=0)
+    opt = PolytopeOptimizer(params(shapes=shapes), polytope=polytope, radii=(0.1, 0.2), chunk_size=7, seed=0, **PLAIN)
     opt.step(rec)
     assert all(c <= 7 for c, _ in rec.shapes) and sum(c for c, _ in rec.shapes) == sum(per_block(d) for d in (6, 3, 4)) * 2
 
@@ -226,7 +231,7 @@ def test_momentum_survives_rotation_like_flat_heavy_ball():
     """Full-dimensional blocks: Procrustes-carried velocity equals the flat velocity exactly."""
     f = quadratic()
     p = params()
-    opt = PolytopeOptimizer(p, radii=0.1, momentum=0.6, seed=2)
+    opt = PolytopeOptimizer(p, radii=0.1, seed=2, **{**PLAIN, "momentum": 0.6})
     velocity = torch.zeros(12, dtype=torch.float64)
     previous = p[0].detach().clone()
     for _ in range(5):
@@ -271,7 +276,7 @@ def test_adaptive_probes_reuse_losses_after_rejection_on_an_unchanged_objective(
 def test_amortized_steps_do_not_evaluate():
     f = quadratic()
     rec = Recorder(f)
-    opt = PolytopeOptimizer(params(), radii=0.1, amortize_steps=3, momentum=0.5, seed=0)
+    opt = PolytopeOptimizer(params(), radii=0.1, amortize_steps=3, seed=0, **{**PLAIN, "momentum": 0.5})
     for _ in range(6):
         opt.step(rec)
     assert len(rec.shapes) == 2 and opt.evaluations == 48
@@ -298,7 +303,8 @@ def test_multifidelity_screen_is_unbiased_and_charged_fractionally():
         rows = data if subset is None else data[subset]
         return ((x[:, None, :] - rows) ** 2).sum(-1).mean(1)
 
-    opt = PolytopeOptimizer(params(), radii=0.1, multifidelity_screen=dict(screen_fidelity=4, num_probe=32, screen_keep_ratio=0.3), seed=0)
+    opt = PolytopeOptimizer(params(), radii=0.1, multifidelity_screen=dict(screen_fidelity=4, num_probe=32, screen_keep_ratio=0.3), seed=0,
+                            **PLAIN)
     opt.step(closure)
     assert calls[0] == 4 and calls[1] is None
     assert opt.evaluations == pytest.approx(24 * 4 / 32 + opt.last_info["screen_kept"])
@@ -345,7 +351,7 @@ def test_optimizer_budget_is_a_hard_cap_and_the_last_step_uses_what_is_left(opti
     f = Counter(quadratic())
     opt = PolytopeOptimizer(params(shapes=[(3, 3), (3,)]), seed=0, chunk_size=chunk_size, max_evaluations=budget,
                             **{"radii": 0.1, **options})
-    results = [opt.step(f, objective_token=0) for _ in range(60)]
+    results = [opt.step(f, objective_token=0) for _ in range(300)]
     assert f.scored == opt.candidates_scored == opt.evaluations <= budget
     smallest = 2 * len(opt.radius_ratios) + 2  # one probe pair per radius, two incumbents
     assert budget - opt.evaluations < smallest
@@ -354,7 +360,7 @@ def test_optimizer_budget_is_a_hard_cap_and_the_last_step_uses_what_is_left(opti
 
 def test_per_step_cap_shrinks_the_step_to_a_subset_of_blocks_or_axes():
     f = Counter(quadratic())
-    opt = PolytopeOptimizer(params(shapes=[(3, 3), (3,)]), radii=0.1, seed=0)
+    opt = PolytopeOptimizer(params(shapes=[(3, 3), (3,)]), radii=0.1, seed=0, **PLAIN)
     opt.step(f, max_evaluations=10)  # full step: 18 + 6 probes
     assert f.scored == 6 and opt.last_info["probed_blocks"] == 1  # the 3-vector block alone fits
     opt.step(f, max_evaluations=5)
@@ -371,7 +377,7 @@ def test_multifidelity_screen_keeps_its_budget():
 
     screen = dict(screen_fidelity=4, num_probe=32, screen_keep_ratio=0.3)
     for budget in (3, 17, 100):
-        opt = PolytopeOptimizer(params(), radii=0.1, multifidelity_screen=screen, max_evaluations=budget, seed=0)
+        opt = PolytopeOptimizer(params(), radii=0.1, multifidelity_screen=screen, max_evaluations=budget, seed=0, radius_model=None)
         for _ in range(40):
             opt.step(closure)
         assert opt.evaluations <= budget + 1e-9
@@ -384,14 +390,14 @@ def test_lr_and_radius_live_in_param_groups_and_lr_schedulers_change_the_step():
     moves = []
     for factor in (1.0, 0.5):
         p = params()
-        opt = PolytopeOptimizer(p, radii=0.1, seed=0)
+        opt = PolytopeOptimizer(p, radii=0.1, seed=0, **PLAIN)
         torch.optim.lr_scheduler.LambdaLR(opt, lambda step: factor)  # sets lr = factor * initial lr at once
         opt.step(f)
         moves.append(p[0].detach() - 1.0)
     assert torch.allclose(moves[1], 0.5 * moves[0], rtol=1e-12, atol=0)
 
     rec = Recorder(f)
-    opt = PolytopeOptimizer(params(), radii=0.1, seed=0)
+    opt = PolytopeOptimizer(params(), radii=0.1, seed=0, **PLAIN)
     radius = torch.optim.lr_scheduler.StepLR(ProbeRadius(opt), step_size=1, gamma=0.5)
     for _ in range(2):
         rec.shapes.clear()
@@ -404,7 +410,7 @@ def test_lr_and_radius_live_in_param_groups_and_lr_schedulers_change_the_step():
 def test_param_groups_get_their_own_radius_and_blocks_stay_inside_groups():
     a, b = torch.nn.Parameter(torch.ones(4, dtype=torch.float64)), torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
     seen = []
-    opt = PolytopeOptimizer([{"params": [a]}, {"params": [b], "radius": 0.5}], radii=0.1, blocks="all", seed=0)
+    opt = PolytopeOptimizer([{"params": [a]}, {"params": [b], "radius": 0.5}], radii=0.1, seed=0, **{**PLAIN, "blocks": "all"})
     opt.step(lambda x: seen.append(x.clone()) or x.square().sum(1))
     change = seen[0] - 1.0
     assert [int(i.numel()) for i in opt.blocks] == [4, 3]

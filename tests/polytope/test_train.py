@@ -130,7 +130,7 @@ def test_train_accepts_a_dataloader():
 @pytest.mark.parametrize("interrupt", [KeyboardInterrupt, RuntimeError])
 def test_interrupted_train_leaves_no_evaluator_registered(interrupt):
     model, loss_fn, x, y = problem()
-    opt = PolytopeOptimizer(model.parameters(), radii=0.1, seed=0)
+    opt = PolytopeOptimizer(model.parameters(), radii=0.1, seed=0, trust_region=False, radius_model=None)
 
     def stop(step, optimizer, history):
         raise interrupt("stop")
