@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import torch
@@ -32,7 +33,7 @@ from . import validation as check
 from .candidates import CandidateBatch, CandidateGroup, Subspace
 from .controllers import AdaptiveTemperature, MultifidelityScreen, ProbeScale, TrustRegion, check_schedule
 from .defaults import frame_dims, initial_radius
-from .geometry import POLYTOPES
+from .geometry import POLYTOPES, vertex_count
 from .moves import RADIUS_MODELS, BlockModels, Momentum, fit_models, move_lengths
 from .objective import ClosureObjective, EvaluatorObjective, Objective, chunks
 from .probes import ROTATIONS, Probes, make_blocks
@@ -157,9 +158,8 @@ class PolytopeOptimizer(torch.optim.Optimizer):
             tensors = [[(p.numel(), p.dim()) for p in group["params"]] for group in self.param_groups]
             subspace_blocks = None
         blocks = make_blocks(blocks, tensors, subspace_blocks)
-        vertices = (lambda d: 2 * d) if self.polytope == "orthoplex" else (lambda d: d + 1)
         if block_dim is None:
-            dims = frame_dims([index.numel() for index in blocks], vertices, self.max_evaluations)
+            dims = frame_dims([index.numel() for index in blocks], partial(vertex_count, self.polytope), self.max_evaluations)
         else:
             dims = [min(index.numel(), block_dim) for index in blocks]
         self.probes = Probes(blocks, dims, self.polytope, self._generator)

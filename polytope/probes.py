@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .candidates import CandidateGroup
-from .geometry import frame, procrustes, random_basis
+from .geometry import frame, procrustes, random_basis, vertex_count
 
 ROTATIONS = ("random", "last_step", "none")
 
@@ -85,8 +85,7 @@ class Probes:
         return self._frames[dim]
 
     def vertex_count(self, p: int, dim: int | None = None) -> int:
-        dim = self.dims[p] if dim is None else dim
-        return 2 * dim if self.polytope == "orthoplex" else dim + 1
+        return vertex_count(self.polytope, self.dims[p] if dim is None else dim)
 
     def rotate(self, rotation: str, carry: bool) -> list[torch.Tensor] | None:
         """New bases (replaced, never changed in place, so records and models can share them).
