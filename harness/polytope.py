@@ -23,8 +23,10 @@ from torch import nn
 from . import cli
 from .method import BenchmarkError, kept_on_interrupt, progress, summarize, write_json
 
-TASKS = ("rosenbrock", "quadratic", "teacher-mlp", "moons-mlp", "digits-mlp")
-OPTIMIZERS = ("polytope", "random-search", "spsa", "sep-cma", "polystep", "adam")
+TASKS = ("rosenbrock", "quadratic", "teacher-mlp", "moons-mlp", "digits-mlp",
+         "cancer-mlp", "diabetes-mlp", "digits-cnn", "rosenbrock-50", "quadratic-100")
+OPTIMIZERS = ("polytope-defaults", "polytope", "random-search", "spsa", "sep-cma", "polystep", "adam")
+LABELS = {"polytope-defaults": "polytope (defaults)", "polytope": "polytope (tuned)"}
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -134,8 +136,69 @@ def digits_task(seed: int) -> Task:
     return mlp_task("digits-mlp", [64, 16, 10], inputs, torch.tensor(y, dtype=torch.long), "ce", seed)
 
 
+def standardized(x) -> torch.Tensor:
+    inputs = torch.tensor(x, dtype=torch.float64)
+    return (inputs - inputs.mean(0)) / inputs.std(0).clamp_min(1e-6)
+
+
+def cancer_task(seed: int) -> Task:
+    """30-16-2 tanh MLP on sklearn's breast_cancer (569 samples, standardized), cross-entropy, 530 parameters."""
+    from sklearn.datasets import load_breast_cancer
+
+    x, y = load_breast_cancer(return_X_y=True)
+    return mlp_task("cancer-mlp", [30, 16, 2], standardized(x), torch.tensor(y, dtype=torch.long), "ce", seed)
+
+
+def diabetes_task(seed: int) -> Task:
+    """10-32-1 tanh MLP on sklearn's diabetes (442 samples, inputs and target standardized), MSE, 385 parameters."""
+    from sklearn.datasets import load_diabetes
+
+    x, y = load_diabetes(return_X_y=True)
+    return mlp_task("diabetes-mlp", [10, 32, 1], standardized(x), standardized(y[:, None])[:, 0], "mse", seed)
+
+
+class SmallCNN(nn.Module):
+    """Conv 3x3 stride 2 (1 -> 4 channels) - tanh - linear 36 -> 10, on 8x8 images: 410 parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, stride=2)
+        self.fc = nn.Linear(36, 10)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.tanh(self.conv(images)).flatten(1))
+
+
+def cnn_task(seed: int) -> Task:
+    """SmallCNN on sklearn's digits (1,797 8x8 images, standardized pixels), cross-entropy."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    images = standardized(x).reshape(-1, 1, 8, 8)
+    targets = torch.tensor(y, dtype=torch.long)
+    torch.manual_seed(seed)
+    model = SmallCNN().to(torch.float64)
+    x0 = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    patches = nn.functional.unfold(images, 3, stride=2).transpose(0, 1).reshape(9, -1)  # the convolution as one product
+
+    def objective(params: torch.Tensor) -> torch.Tensor:
+        count = params.shape[0]
+        conv_w, conv_b = params[:, :36].reshape(count, 4, 9), params[:, 36:40]
+        fc_w, fc_b = params[:, 40:400].reshape(count, 10, 36), params[:, 400:410]
+        conv = (conv_w.reshape(count * 4, 9) @ patches).reshape(count, 4, -1, 9) + conv_b[:, :, None, None]
+        hidden = torch.tanh(conv).transpose(1, 2).flatten(2)  # (C, N, channel x position), the module's order
+        logits = torch.baddbmm(fc_b.unsqueeze(1), hidden, fc_w.transpose(1, 2))
+        logp = torch.log_softmax(logits, dim=-1)
+        return -logp.gather(2, targets.expand(count, -1).unsqueeze(-1)).squeeze(-1).mean(1)
+
+    return Task("digits-cnn", x0, objective, model, nn.CrossEntropyLoss(), (images, targets))
+
+
 TASK_BUILDERS = {"rosenbrock": rosenbrock_task, "quadratic": quadratic_task, "teacher-mlp": teacher_task,
-                 "moons-mlp": moons_task, "digits-mlp": digits_task}
+                 "moons-mlp": moons_task, "digits-mlp": digits_task, "cancer-mlp": cancer_task,
+                 "diabetes-mlp": diabetes_task, "digits-cnn": cnn_task,
+                 "rosenbrock-50": lambda seed: rosenbrock_task(seed, dim=50),
+                 "quadratic-100": lambda seed: quadratic_task(seed, dim=100, condition=1e3)}
 
 
 # ----------------------------------------------------------------------------- the meter
@@ -189,10 +252,10 @@ def run_polytope(task: Task, meter: Meter, seed: int, config: dict) -> None:
     from polytope import PolytopeOptimizer
 
     params = list(task.model.parameters()) if task.model is not None else [nn.Parameter(task.x0.clone())]
-    optimizer = PolytopeOptimizer(params, seed=seed, **config)
-    while True:
-        optimizer.step(meter, objective_token=task.name)  # a fixed objective: the same token every step
-        meter.observe(lambda: optimizer.incumbent)
+    optimizer = PolytopeOptimizer(params, seed=seed, max_evaluations=meter.budget, **config)
+    while optimizer.step(meter, objective_token=task.name) is not None or not optimizer.last_info.get("exhausted"):
+        meter.observe(lambda: optimizer.incumbent)  # a fixed objective: the same token every step
+    meter.observe(lambda: optimizer.incumbent, force=True)
 
 
 def run_random_search(task: Task, meter: Meter, seed: int, config: dict) -> None:
@@ -276,13 +339,15 @@ def run_polystep(task: Task, meter: Meter, seed: int, config: dict) -> None:
         meter.observe(recommended)
 
 
-RUNNERS = {"polytope": run_polytope, "random-search": run_random_search, "spsa": run_spsa, "sep-cma": run_sep_cma,
+RUNNERS = {"polytope-defaults": run_polytope, "polytope": run_polytope, "random-search": run_random_search, "spsa": run_spsa,
+           "sep-cma": run_sep_cma,
            "polystep": run_polystep, "adam": run_adam}
 OPTIONAL_PACKAGES = {"sep-cma": "cma", "polystep": "polystep"}
 
 # Six settings per method, chosen on a separate seed. Radii and step sizes are in
 # parameter units; MLP tasks start from PyTorch's default initialisation.
 GRIDS: dict[str, list[dict[str, Any]]] = {
+    "polytope-defaults": [{}],  # nothing but the seed and the budget: what a user who keeps the defaults gets
     "polytope": [
         {"radii": r, "radius_model": "quadratic", "trust_region": True, "rotation": "last_step", "momentum": m,
          "blocks": blocks, "block_dim": d}
@@ -466,8 +531,8 @@ def report(record: dict[str, Any], args: argparse.Namespace, console) -> None:
     for task_name, methods_out in record["tasks"].items():
         for method, data in methods_out.items():
             s = data["summary"]
-            table.add_row(task_name, method, f"{s['median']:.3g}", f"{s['iqr']:.2g}", f"{data['seconds']['median']:.2f}",
-                          str(data["chosen"]))
+            table.add_row(task_name, LABELS.get(method, method), f"{s['median']:.3g}", f"{s['iqr']:.2g}",
+                          f"{data['seconds']['median']:.2f}", str(data["chosen"]))
     console.print(table)
     write_json(args.output, record)
     if args.output is not None:

@@ -7,6 +7,7 @@ readable sequence of "probe, solve, move, control".
 from __future__ import annotations
 
 import math
+from collections.abc import MutableMapping
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -174,3 +175,109 @@ class MultifidelityScreen:
         """Control-variate estimate of every full loss (``full`` only read where kept)."""
         correction = torch.where(kept, (full - screen) / probs, torch.zeros_like(screen))
         return screen + correction
+
+
+class ProbeScale:
+    """The probe-radius multiplier ``s`` that the radius model and adaptive probes steer.
+
+    With the quadratic model it follows the step length (``s *= clip(|move| /
+    (s r), 1/2, 2)^(1/2)``, so probes stay at the scale the model moves on);
+    adaptive probes lean toward the radius whose best vertex did best; a worse
+    incumbent without a trust region halves it.
+    """
+
+    minimum, maximum = 1e-6, 1e6
+
+    def __init__(self, value: float = 1.0):
+        self.value = value
+
+    def follow_moves(self, ratio: float) -> None:
+        self.value *= min(max(ratio, 0.5), 2.0) ** 0.5
+
+    def prefer_radius(self, best: float, geometric_mean: float) -> None:
+        self.value *= (best / geometric_mean) ** 0.5
+
+    def halve(self) -> None:
+        self.value *= 0.5
+
+    def clamp(self) -> None:
+        self.value = min(max(self.value, self.minimum), self.maximum)
+
+
+class AdaptiveTemperature:
+    """The transport temperature, steered by how well the last move was predicted.
+
+    Costs reach the solver in units of the probes' mean absolute deviation (the
+    observed loss spread), so the temperature is dimensionless. A soft plan
+    (high temperature) averages every vertex into a gradient-like direction
+    that mixes frame axes, where the block model's per-axis curvature misses the
+    cross-axis terms; a sharp plan (low temperature) picks the best vertices,
+    whose axis models are exact. So: when the trust region finds a move
+    predicted well (rho > ``good_rho``) and inside its bound, the temperature
+    grows by ``grow``; otherwise it shrinks by ``shrink``; always within
+    [``minimum``, ``maximum``]. Without a trust region it stays put.
+    """
+
+    start, minimum, maximum = 2.0, 0.5, 8.0
+    grow, shrink, good_rho = 1.1, 0.8, 0.5
+
+    def __init__(self, value: float | None = None):
+        self.value = self.start if value is None else value
+
+    def update(self, rho: float, clipped: bool) -> None:
+        good = rho > self.good_rho and not clipped
+        self.value = min(max(self.value * (self.grow if good else self.shrink), self.minimum), self.maximum)
+
+
+class _RadiusAlias(MutableMapping):
+    """A parameter group seen with ``lr`` meaning the probe ``radius`` (and ``initial_lr`` its start)."""
+
+    ALIASES = {"lr": "radius", "initial_lr": "initial_radius"}
+
+    def __init__(self, group: dict):
+        self.group = group
+
+    def _key(self, key):
+        return self.ALIASES.get(key, key)
+
+    def __getitem__(self, key):
+        return self.group[self._key(key)]
+
+    def __setitem__(self, key, value) -> None:
+        self.group[self._key(key)] = value
+
+    def __delitem__(self, key) -> None:
+        del self.group[self._key(key)]
+
+    def __iter__(self):
+        inverse = {v: k for k, v in self.ALIASES.items()}
+        return (inverse.get(key, key) for key in self.group)
+
+    def __len__(self) -> int:
+        return len(self.group)
+
+
+class ProbeRadius(torch.optim.Optimizer):
+    """A view of a PolytopeOptimizer whose groups' ``lr`` is the probe radius: hand it to any
+    ``torch.optim.lr_scheduler`` to schedule the radius (``StepLR(ProbeRadius(opt), 10, 0.5)``).
+
+    The view never steps itself; schedulers only read and write its ``param_groups``.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer):  # noqa: super().__init__ would rebuild groups
+        if not all("radius" in group for group in getattr(optimizer, "param_groups", [{}])):
+            raise TypeError(f"ProbeRadius needs a PolytopeOptimizer, got {type(optimizer).__name__}")
+        self.optimizer = optimizer
+        self.defaults, self.state = {}, {}
+        self.param_groups = [_RadiusAlias(group) for group in optimizer.param_groups]
+
+    def step(self, closure=None):  # what a scheduler's step-order check wraps; forwards to the optimizer
+        return self.optimizer.step(closure)
+
+    @property
+    def _opt_called(self) -> bool:  # the scheduler's "optimizer.step() came first" check looks at the real optimizer
+        return getattr(self.optimizer, "_step_count", 0) > 0
+
+    @_opt_called.setter
+    def _opt_called(self, value) -> None:
+        pass

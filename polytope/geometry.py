@@ -65,7 +65,8 @@ def procrustes(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return (u @ vh).to(new.dtype)
 
 
-def gradient_estimate(losses: torch.Tensor, vertices: torch.Tensor, step: float, reference: torch.Tensor | float | None = None) -> torch.Tensor:
+def gradient_estimate(losses: torch.Tensor, vertices: torch.Tensor, step: float,
+                      reference: torch.Tensor | float | None = None) -> torch.Tensor:
     """g = d / (V h) * sum_v (L_v - L_ref) v for probes at incumbent + h * v.
 
     ``losses`` is (..., V); returns (..., d). Exact for quadratics on the

@@ -129,7 +129,8 @@ def _orthonormal_rows(rows: int, cols: int, generator: torch.Generator, like: to
 def _check_rank(rank, max_subspace_dim) -> None:
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ValueError(f"rank must be a positive integer, got {rank!r}")
-    if max_subspace_dim is not None and (isinstance(max_subspace_dim, bool) or not isinstance(max_subspace_dim, int) or max_subspace_dim < 1):
+    if max_subspace_dim is not None and (isinstance(max_subspace_dim, bool) or not isinstance(max_subspace_dim, int)
+                                         or max_subspace_dim < 1):
         raise ValueError(f"max_subspace_dim must be a positive integer or None, got {max_subspace_dim!r}")
 
 

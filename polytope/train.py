@@ -1,16 +1,22 @@
-"""train(): minibatches, evaluator registration, progress and history around PolytopeOptimizer."""
+"""train(): minibatches, evaluator registration, budget, progress and history around PolytopeOptimizer."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import time
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
 
+from . import validation as check
 from .optimizer import PolytopeOptimizer
+
+DATA_FORMS = "an (inputs, targets) pair of torch tensors or an iterable (list, DataLoader) of such pairs"
+STALL_STEPS = 30  # consecutive evaluated steps without an accepted move before train() warns
 
 
 @dataclass
@@ -29,16 +35,36 @@ class History:
         return len(self.loss)
 
 
-def _batches(data, batch_size: int | None, generator: torch.Generator) -> Iterable[tuple[Any, Any]]:
-    """An endless stream of (inputs, targets) batches."""
-    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
-        inputs, targets = data
-        if inputs.shape[0] != targets.shape[0]:
-            raise ValueError(f"data inputs and targets disagree on the sample count: {inputs.shape[0]} vs {targets.shape[0]}")
+def _check_batch(batch, where: str) -> tuple[torch.Tensor, Any]:
+    """An (inputs, targets) pair with a tensor of inputs and a matching sample count, or a TypeError saying what is expected."""
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        got = f"a {type(batch).__name__} of length {len(batch)}" if isinstance(batch, (tuple, list)) else type(batch).__name__
+        raise TypeError(f"{where} must be {DATA_FORMS}; got {got}")
+    inputs, targets = batch
+    for name, value in (("inputs", inputs), ("targets", targets)):
+        if not isinstance(value, torch.Tensor):
+            hint = " (convert NumPy arrays with torch.as_tensor)" if type(value).__module__ == "numpy" else ""
+            raise TypeError(f"{where}: {name} must be a torch.Tensor{hint}, got {type(value).__name__}; "
+                            f"train expects {DATA_FORMS}")
+    if inputs.dim() == 0 or targets.dim() == 0 or inputs.shape[0] != targets.shape[0]:
+        raise ValueError(f"{where}: inputs and targets disagree on the sample count: "
+                         f"{tuple(inputs.shape)} vs {tuple(targets.shape)}")
+    if inputs.shape[0] == 0:
+        raise ValueError(f"{where} is empty (0 samples)")
+    return inputs, targets
+
+
+def _is_pair(data) -> bool:
+    """A sequence of array-likes (not of batches) is meant as the (inputs, targets) form, whatever its length."""
+    return isinstance(data, (tuple, list)) and len(data) > 0 and not any(isinstance(item, (tuple, list)) for item in data)
+
+
+def _batches(data, batch_size: int | None, generator: torch.Generator) -> tuple[Iterator[tuple[Any, Any]], bool]:
+    """An endless stream of checked (inputs, targets) batches, and whether they are all the same batch."""
+    if _is_pair(data):
+        inputs, targets = _check_batch(data, "data")
         if batch_size is None or batch_size >= inputs.shape[0]:
-            return itertools.repeat((inputs, targets))
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+            return itertools.repeat((inputs, targets)), True
 
         def shuffled():
             while True:
@@ -47,12 +73,32 @@ def _batches(data, batch_size: int | None, generator: torch.Generator) -> Iterab
                     rows = order[start:start + batch_size]
                     yield inputs[rows], targets[rows]
 
-        return shuffled()
-    if iter(data) is data:  # a one-shot iterator: use it once
-        return data
-    if isinstance(data, Iterable):
-        return itertools.chain.from_iterable(itertools.repeat(data))
-    raise TypeError(f"data must be an (inputs, targets) pair of tensors or an iterable of batches, got {type(data).__name__}")
+        return shuffled(), False
+    if isinstance(data, (str, bytes, dict, torch.Tensor)) or not isinstance(data, Iterable):
+        raise TypeError(f"data must be {DATA_FORMS}; got {type(data).__name__}")
+    if batch_size is not None:
+        raise ValueError("batch_size applies to an (inputs, targets) pair; an iterable of batches brings its own batches")
+
+    def passes():
+        one_shot = iter(data) is data
+        while True:
+            count = 0
+            for batch in data:
+                count += 1
+                yield _check_batch(batch, f"data batch {count - 1}")
+            if count == 0:
+                raise ValueError("data is empty: it yielded no batch" + (" (a used-up iterator?)" if one_shot else ""))
+            if one_shot:
+                return
+
+    return passes(), False
+
+
+def _check_dtype(model: nn.Module, inputs: torch.Tensor) -> None:
+    param = next(model.parameters())
+    if inputs.is_floating_point() and inputs.dtype != param.dtype:
+        raise TypeError(f"data inputs are {inputs.dtype} but the model's parameters are {param.dtype}; "
+                        f"convert one of them (e.g. inputs.to({param.dtype}) or model.to({inputs.dtype}))")
 
 
 def _make_evaluator(model: nn.Module, loss_fn: Callable, optimizer: PolytopeOptimizer):
@@ -62,7 +108,7 @@ def _make_evaluator(model: nn.Module, loss_fn: Callable, optimizer: PolytopeOpti
     except ImportError:
         return None
     accepted = inspect.signature(NNCostEvaluator).parameters
-    options = {k: v for k, v in optimizer.evaluator_options.items() if k in accepted}
+    options = {k: v for k, v in dataclasses.asdict(optimizer.evaluator_options).items() if k in accepted}
     evaluator = NNCostEvaluator(model, loss_fn, **options)
     return evaluator if callable(getattr(evaluator, "evaluate_batch", None)) else None
 
@@ -84,6 +130,32 @@ def flat_closure(model: nn.Module, loss_fn: Callable, inputs, targets) -> Callab
     return closure
 
 
+class StallMonitor:
+    """Counts evaluated steps since the last accepted move (trust region) or new best loss (stationary objective)."""
+
+    def __init__(self, stationary: bool, patience: int = STALL_STEPS):
+        self.stationary, self.patience = stationary, patience
+        self.best, self.since, self.warned = float("inf"), 0, False
+
+    def update(self, info: dict[str, Any], loss: float) -> str | None:
+        if not info.get("evaluated", False):
+            return None
+        if "accepted" in info:
+            progress = bool(info["accepted"])
+        elif self.stationary:
+            progress = loss < self.best
+        else:
+            return None  # minibatch losses without a trust region: no honest signal
+        self.best = min(self.best, loss)
+        self.since = 0 if progress else self.since + 1
+        if self.since < self.patience or self.warned:
+            return None
+        self.warned = True
+        return (f"no step was accepted in the last {self.since} steps (probe scale {info.get('scale', float('nan')):.3g}, "
+                f"trust radius {info.get('trust_radius', float('nan')):.3g}): the probes may be too small for the "
+                "loss's noise or the loss may be flat there; try larger radii, a larger batch_size, or check the objective")
+
+
 def train(
     model: nn.Module,
     loss_fn: Callable,
@@ -103,50 +175,82 @@ def train(
     ``data`` is an (inputs, targets) pair (full batch, or shuffled minibatches
     of ``batch_size``) or an iterable of batches. Every batch gets a new
     objective token, so the trust region and probe reuse stay honest.
+    ``max_evaluations`` is a hard cap: the last step shrinks to what is left.
+    The evaluator is unregistered however train() ends (an exception or
+    KeyboardInterrupt included), so the optimizer stays usable with a closure.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable (outputs, targets) -> loss, got {type(loss_fn).__name__}")
     if steps is None and max_evaluations is None:
         raise ValueError("train needs steps or max_evaluations (or both)")
-    if steps is not None and (not isinstance(steps, int) or steps < 1):
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    if max_evaluations is not None and not max_evaluations > 0:
-        raise ValueError(f"max_evaluations must be positive, got {max_evaluations!r}")
+    steps = check.integer("steps", steps, optional=True)
+    if max_evaluations is not None:
+        max_evaluations = check.positive("max_evaluations", max_evaluations)
+    seed = check.seed(seed)
+    batch_size = check.integer("batch_size", batch_size, optional=True)
+    check.flag("progress", progress)
+    check.flag("use_evaluator", use_evaluator)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable (step, optimizer, history) or None, got {type(callback).__name__}")
+    if next(model.parameters(), None) is None:
+        raise ValueError("model has no parameters to train")
+    generator = torch.Generator().manual_seed(0 if seed is None else seed)
+    batches, stationary = _batches(data, batch_size, generator)
     if optimizer is None:
-        optimizer = PolytopeOptimizer(model.parameters(), seed=seed, **optimizer_options)
+        optimizer = PolytopeOptimizer(model.parameters(), seed=seed, max_evaluations=max_evaluations, **optimizer_options)
     elif optimizer_options:
         raise TypeError(f"optimizer options {sorted(optimizer_options)} given together with an optimizer")
-    generator = torch.Generator().manual_seed(0 if seed is None else int(seed))
+    elif not isinstance(optimizer, PolytopeOptimizer):
+        raise TypeError(f"optimizer must be a PolytopeOptimizer or None, got {type(optimizer).__name__}")
+    elif {id(p) for p in optimizer._params} != {id(p) for p in model.parameters()}:
+        raise ValueError("optimizer must have been built on model.parameters()")
     evaluator = _make_evaluator(model, loss_fn, optimizer) if use_evaluator else None
-    batches = _batches(data, batch_size, generator)
-    stationary = isinstance(batches, itertools.repeat)
     history = History()
+    monitor = StallMonitor(stationary)
+    spent_before = optimizer.evaluations
     start = time.perf_counter()
     total = steps if steps is not None else max_evaluations
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn())
-    with Progress(*columns, disable=not progress, transient=False) as bar:
-        task = bar.add_task("polytope", total=total, status="")
-        for step, (inputs, targets) in enumerate(batches):
-            if (steps is not None and step >= steps) or (max_evaluations is not None and optimizer.evaluations >= max_evaluations):
-                break
-            token = 0 if stationary else step
-            if evaluator is not None:
-                optimizer.register_evaluator(evaluator, inputs, targets)
-                optimizer.step(objective_token=token)
-            else:
-                optimizer.step(flat_closure(model, loss_fn, inputs, targets), objective_token=token)
-            with torch.no_grad():
-                loss = float(loss_fn(model(inputs), targets))  # monitoring only: not charged
-            history.loss.append(loss)
-            history.evaluations.append(optimizer.evaluations)
-            history.seconds.append(time.perf_counter() - start)
-            history.info.append(dict(optimizer.last_info))
-            bar.update(task, completed=step + 1 if steps is not None else min(optimizer.evaluations, total),
-                       status=f"loss {loss:.4g} | evals {optimizer.evaluations:.0f}")
-            if callback is not None:
-                callback(step, optimizer, history)
-    if evaluator is not None:
-        optimizer.unregister_evaluator()
+    try:
+        with Progress(*columns, disable=not progress, transient=False) as bar:
+            task = bar.add_task("polytope", total=total, status="")
+            for step in itertools.count():
+                left = None if max_evaluations is None else max_evaluations - (optimizer.evaluations - spent_before)
+                if (steps is not None and step >= steps) or (left is not None and left <= 0):
+                    break
+                batch = next(batches, None)
+                if batch is None:
+                    break  # a one-shot iterator ran out
+                inputs, targets = batch
+                if step == 0:
+                    _check_dtype(model, inputs)
+                token = 0 if stationary else step
+                if evaluator is not None:
+                    optimizer.register_evaluator(evaluator, inputs, targets)
+                    optimizer.step(objective_token=token, max_evaluations=left)
+                else:
+                    optimizer.step(flat_closure(model, loss_fn, inputs, targets), objective_token=token, max_evaluations=left)
+                if optimizer.last_info.get("exhausted"):
+                    break  # the budget left cannot pay for one probe pair
+                with torch.no_grad():
+                    loss = float(loss_fn(model(inputs), targets))  # monitoring only: not charged
+                history.loss.append(loss)
+                history.evaluations.append(optimizer.evaluations - spent_before)
+                history.seconds.append(time.perf_counter() - start)
+                history.info.append(dict(optimizer.last_info))
+                stalled = monitor.update(optimizer.last_info, loss)
+                if stalled:
+                    warnings.warn(stalled, RuntimeWarning, stacklevel=2)
+                spent = optimizer.evaluations - spent_before
+                bar.update(task, completed=step + 1 if steps is not None else min(spent, total),
+                           status=f"loss {loss:.4g} | evals {spent:.0f}")
+                if callback is not None:
+                    callback(step, optimizer, history)
+    finally:
+        if evaluator is not None:
+            optimizer.unregister_evaluator()
     return history

@@ -74,7 +74,7 @@ def sinkhorn_plan(
         f, g = warm_start[0].to(cost.dtype).clone(), warm_start[1].to(cost.dtype).clone()
     error = float("inf")
     iterations = 0
-    for iterations in range(1, max_iter + 1):
+    for iterations in range(1, max_iter + 1):  # noqa: B007 (reported after the loop)
         f = -epsilon * torch.logsumexp(log_b + (g - cost) / epsilon, dim=1)
         g_new = -damping * epsilon * torch.logsumexp(log_a[:, None] + (f[:, None] - cost) / epsilon, dim=0)
         g_new = torch.where(torch.isfinite(g_new), g_new, 0.0)
@@ -87,6 +87,27 @@ def sinkhorn_plan(
     plan = plan / plan.sum(1, keepdim=True) / rows  # exact row marginals after the last column update
     info = {"iterations": iterations, "potential_change": error, "converged": error < tol}
     return TransportResult(plan, (f, g), info)
+
+
+class Transport:
+    """The configured solver, with Sinkhorn's potentials kept as the next step's warm start."""
+
+    def __init__(self, solver: str, relaxation: float | None = 1.0, max_iter: int = 200):
+        self.solver, self.relaxation, self.max_iter = solver, relaxation, max_iter
+        self.potentials: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def plan(self, costs: torch.Tensor, epsilon: float) -> TransportResult:
+        """Plan for raw costs (normalized here); Sinkhorn's ``info`` warns when it did not converge."""
+        normalized = normalize_costs(costs)
+        if self.solver == "softmax":
+            return softmax_plan(normalized, epsilon)
+        if self.solver == "argmin":
+            return argmin_plan(normalized)
+        result = sinkhorn_plan(normalized, epsilon, self.relaxation, self.potentials, self.max_iter)
+        self.potentials = result.potentials
+        if not result.info["converged"]:
+            result.info["sinkhorn_warning"] = "Sinkhorn did not converge; the plan's column marginals are approximate"
+        return result
 
 
 def barycentric_directions(plan: torch.Tensor, vertices: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,8 @@ class CompiledSite:
                 raise
             self.failed = True
             warnings.warn(
-                f"compiling the {self.name} evaluation failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                f"compiling the {self.name} evaluation failed "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
                 "running it eagerly from now on",
                 stacklevel=2,
             )

@@ -53,7 +53,8 @@ def contracts_of(module: nn.Module) -> frozenset[str]:
             )
         unknown = set(declared) - KNOWN
         if unknown:
-            raise ValueError(f"{type(module).__name__}.polytope_contracts has unknown contracts {sorted(unknown)}; known: {sorted(KNOWN)}")
+            raise ValueError(f"{type(module).__name__}.polytope_contracts has unknown contracts {sorted(unknown)}; "
+                             f"known: {sorted(KNOWN)}")
         return frozenset(declared)
     if type(module) is nn.Linear:
         return frozenset({LINEAR, VMAP})

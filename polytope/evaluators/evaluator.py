@@ -53,7 +53,8 @@ def _autocast_dtype(value) -> torch.dtype | None:
         return None
     if isinstance(value, str):
         if value not in _AUTOCAST:
-            raise ValueError(f"candidate_autocast must be None, torch.bfloat16, torch.float16 or one of {sorted(_AUTOCAST)}, got {value!r}")
+            raise ValueError("candidate_autocast must be None, torch.bfloat16, torch.float16 or one of "
+                             f"{sorted(_AUTOCAST)}, got {value!r}")
         return _AUTOCAST[value]
     if value in (torch.bfloat16, torch.float16):
         return value

@@ -34,7 +34,8 @@ class CandidateLoss:
     def _scalar(self, outputs, targets) -> torch.Tensor:
         loss = self.loss_fn(outputs, targets)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise ValueError(f"loss_fn must return a scalar tensor per model, got {type(loss).__name__} {getattr(loss, 'shape', '')}")
+            raise ValueError("loss_fn must return a scalar tensor per model, "
+                             f"got {type(loss).__name__} {getattr(loss, 'shape', '')}")
         return loss.reshape(())
 
     def single(self, outputs, targets) -> torch.Tensor:
@@ -54,4 +55,4 @@ class CandidateLoss:
         return self._loop(outputs, targets, count)
 
     def _loop(self, outputs, targets, count: int) -> torch.Tensor:
-        return torch.stack([self._scalar(tree_map(lambda t: t[c], outputs), targets) for c in range(count)])
+        return torch.stack([self._scalar(tree_map(lambda t, c=c: t[c], outputs), targets) for c in range(count)])

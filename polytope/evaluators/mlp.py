@@ -79,7 +79,8 @@ class MLPPlan:
                 bias = getattr(child, "bias", None)
                 if weight is None or weight.dim() != 2 or set(params) - {"weight", "bias"}:
                     raise ValueError(
-                        f"{type(child).__name__} declares the 'linear' contract but does not own exactly a 2-D 'weight' and an optional 'bias'"
+                        f"{type(child).__name__} declares the 'linear' contract but does not own exactly "
+                        "a 2-D 'weight' and an optional 'bias'"
                     )
                 stages.append(LinearStage(child, names[id(weight)], None if bias is None else names[id(bias)], *weight.shape))
                 owned += 1 + (bias is not None)

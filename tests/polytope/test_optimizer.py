@@ -12,6 +12,12 @@ def quadratic(n=12, seed=0):
     return lambda x: 0.5 * ((x @ a) * x).sum(-1)
 
 
+# The pre-defaults configuration: per-tensor full-dimensional frames, plain moves, fixed temperature.
+# Tests of one mechanism use it so that the defaults' controllers do not blur what they check.
+PLAIN = dict(blocks="tensor", block_dim=64, rotation="random", radius_model=None, trust_region=False, momentum=0.0,
+             temperature=0.5)
+
+
 def params(n=12, shapes=None):
     if shapes is None:
         return [torch.nn.Parameter(torch.ones(n, dtype=torch.float64))]
@@ -56,11 +62,11 @@ class RandomSubspace:
 def test_closure_gets_flat_candidates_counting_blocks_vertices_radii(polytope, per_block):
     shapes = [(2, 3), (3,), (4,)]
     rec = Recorder(lambda x: x.square().sum(1))
-    opt = PolytopeOptimizer(params(shapes=shapes), polytope=polytope, radii=(0.1, 0.2), seed=0)
+    opt = PolytopeOptimizer(params(shapes=shapes), polytope=polytope, radii=(0.1, 0.2), seed=0, **PLAIN)
     opt.step(rec)
     assert rec.shapes == [(sum(per_block(d) for d in (6, 3, 4)) * 2, 13)]
     rec.shapes.clear()
-    opt = PolytopeOptimizer(params(shapes=shapes), polytope=polytope, radii=(0.1, 0.2), chunk_size=7, seed=0)
+    opt = PolytopeOptimizer(params(shapes=shapes), polytope=polytope, radii=(0.1, 0.2), chunk_size=7, seed=0, **PLAIN)
     opt.step(rec)
     assert all(c <= 7 for c, _ in rec.shapes) and sum(c for c, _ in rec.shapes) == sum(per_block(d) for d in (6, 3, 4)) * 2
 
@@ -134,8 +140,22 @@ def test_load_state_dict_rejects_another_layout():
     (dict(blocks=0), ValueError, "blocks"),
     (dict(blocks=[5, 5]), ValueError, "blocks"),
     (dict(block_dim=0), ValueError, "block_dim"),
+    (dict(blocks=True), ValueError, "blocks"),
     (dict(solver="exact"), ValueError, "solver"),
     (dict(temperature=0.0), ValueError, "temperature"),
+    (dict(temperature=[0.1, 0.2]), TypeError, "temperature"),
+    (dict(momentum="0.5"), TypeError, "momentum"),
+    (dict(momentum=float("nan")), ValueError, "momentum"),
+    (dict(seed="a"), TypeError, "seed"),
+    (dict(seed=1.5), TypeError, "seed"),
+    (dict(seed=-1), ValueError, "seed"),
+    (dict(lr=True), TypeError, "lr"),
+    (dict(chunk_size=True), TypeError, "chunk_size"),
+    (dict(chunk_size=2.0), TypeError, "chunk_size"),
+    (dict(block_dim="4"), TypeError, "block_dim"),
+    (dict(max_evaluations=0), ValueError, "max_evaluations"),
+    (dict(candidate_autocast=torch.int8), ValueError, "candidate_autocast"),
+    (dict(sinkhorn_max_iter=10.0), TypeError, "sinkhorn_max_iter"),
     (dict(lr=-1.0), ValueError, "lr"),
     (dict(momentum=1.0), ValueError, "momentum"),
     (dict(sinkhorn_relaxation=0.0), ValueError, "sinkhorn_relaxation"),
@@ -215,7 +235,7 @@ def test_momentum_survives_rotation_like_flat_heavy_ball():
     """Full-dimensional blocks: Procrustes-carried velocity equals the flat velocity exactly."""
     f = quadratic()
     p = params()
-    opt = PolytopeOptimizer(p, radii=0.1, momentum=0.6, seed=2)
+    opt = PolytopeOptimizer(p, radii=0.1, seed=2, **{**PLAIN, "momentum": 0.6})
     velocity = torch.zeros(12, dtype=torch.float64)
     previous = p[0].detach().clone()
     for _ in range(5):
@@ -225,7 +245,7 @@ def test_momentum_survives_rotation_like_flat_heavy_ball():
         velocity = step
         previous = p[0].detach().clone()
         assert float(move.norm()) <= 0.1 * 1.0 + 1e-12  # the OT move itself stays inside the probe radius
-    assert float((opt._bases[0] @ opt._velocity[0] - velocity).norm()) < 1e-12
+    assert float((opt.probes.bases[0] @ opt.momentum_state.velocity[0] - velocity).norm()) < 1e-12
 
 
 def test_trust_region_rejects_a_bad_move_on_the_same_batch_and_shrinks():
@@ -260,7 +280,7 @@ def test_adaptive_probes_reuse_losses_after_rejection_on_an_unchanged_objective(
 def test_amortized_steps_do_not_evaluate():
     f = quadratic()
     rec = Recorder(f)
-    opt = PolytopeOptimizer(params(), radii=0.1, amortize_steps=3, momentum=0.5, seed=0)
+    opt = PolytopeOptimizer(params(), radii=0.1, amortize_steps=3, seed=0, **{**PLAIN, "momentum": 0.5})
     for _ in range(6):
         opt.step(rec)
     assert len(rec.shapes) == 2 and opt.evaluations == 48
@@ -288,7 +308,7 @@ def test_multifidelity_screen_is_unbiased_and_charged_fractionally():
         return ((x[:, None, :] - rows) ** 2).sum(-1).mean(1)
 
     screen = dict(screen_fidelity=4, num_probe=32, screen_keep_ratio=0.3)
-    opt = PolytopeOptimizer(params(), radii=0.1, multifidelity_screen=screen, seed=0)
+    opt = PolytopeOptimizer(params(), radii=0.1, multifidelity_screen=screen, seed=0, **PLAIN)
     opt.step(closure)
     assert calls[0] == 4 and calls[1] is None
     assert opt.evaluations == pytest.approx(24 * 4 / 32 + opt.last_info["screen_kept"])
@@ -307,3 +327,143 @@ def test_resync_adopts_external_weight_changes():
     opt.step(rec, objective_token=0)
     assert rec.shapes[0] == (1, 12)  # only the new incumbent: no stale comparison
     assert float((p[0].detach() - 2.0).abs().max()) <= 0.1 * 2 + 1e-12
+
+
+class Counter:
+    """Closure that counts the candidates it actually scored (not trusting the optimizer's counter)."""
+
+    def __init__(self, f):
+        self.f, self.scored = f, 0
+
+    def __call__(self, candidates, subset=None):
+        self.scored += candidates.shape[0]
+        return self.f(candidates)
+
+
+BUDGET_OPTIONS = [
+    dict(),
+    dict(radius_model="quadratic", trust_region=True, rotation="last_step", momentum=0.5, blocks="all", block_dim=3),
+    dict(polytope="simplex", radii=(0.05, 0.2), blocks=5),
+    dict(adaptive_probes=True, radius_model="quadratic", trust_region=True, radii=(0.05, 0.2)),
+]
+
+
+@pytest.mark.parametrize("options", BUDGET_OPTIONS)
+@pytest.mark.parametrize("budget", [1, 5, 37, 200])
+@pytest.mark.parametrize("chunk_size", [None, 7])
+def test_optimizer_budget_is_a_hard_cap_and_the_last_step_uses_what_is_left(options, budget, chunk_size):
+    f = Counter(quadratic())
+    opt = PolytopeOptimizer(params(shapes=[(3, 3), (3,)]), seed=0, chunk_size=chunk_size, max_evaluations=budget,
+                            **{"radii": 0.1, **options})
+    results = [opt.step(f, objective_token=0) for _ in range(300)]
+    assert f.scored == opt.candidates_scored == opt.evaluations <= budget
+    smallest = 2 * len(opt.radius_ratios) + 2  # one probe pair per radius, two incumbents
+    assert budget - opt.evaluations < smallest
+    assert results[-1] is None and opt.last_info["exhausted"]
+
+
+def test_per_step_cap_shrinks_the_step_to_a_subset_of_blocks_or_axes():
+    f = Counter(quadratic())
+    opt = PolytopeOptimizer(params(shapes=[(3, 3), (3,)]), radii=0.1, seed=0, **PLAIN)
+    opt.step(f, max_evaluations=10)  # full step: 18 + 6 probes
+    assert f.scored == 6 and opt.last_info["probed_blocks"] == 1  # the 3-vector block alone fits
+    opt.step(f, max_evaluations=5)
+    assert f.scored == 10  # two axes of one block
+    assert opt.step(f, max_evaluations=1) is None and f.scored == 10
+
+
+def test_multifidelity_screen_keeps_its_budget():
+    data = torch.randn(32, 12, dtype=torch.float64)
+
+    def closure(x, subset=None):
+        rows = data if subset is None else data[subset]
+        return ((x[:, None, :] - rows) ** 2).sum(-1).mean(1)
+
+    screen = dict(screen_fidelity=4, num_probe=32, screen_keep_ratio=0.3)
+    for budget in (3, 17, 100):
+        opt = PolytopeOptimizer(params(), radii=0.1, multifidelity_screen=screen, max_evaluations=budget, seed=0,
+                                radius_model=None)
+        for _ in range(40):
+            opt.step(closure)
+        assert opt.evaluations <= budget + 1e-9
+
+
+def test_lr_and_radius_live_in_param_groups_and_lr_schedulers_change_the_step():
+    from polytope.controllers import ProbeRadius
+
+    f = quadratic()
+    moves = []
+    for factor in (1.0, 0.5):
+        p = params()
+        opt = PolytopeOptimizer(p, radii=0.1, seed=0, **PLAIN)
+        torch.optim.lr_scheduler.LambdaLR(opt, lambda step, factor=factor: factor)  # sets lr = factor * initial lr at once
+        opt.step(f)
+        moves.append(p[0].detach() - 1.0)
+    assert torch.allclose(moves[1], 0.5 * moves[0], rtol=1e-12, atol=0)
+
+    rec = Recorder(f)
+    opt = PolytopeOptimizer(params(), radii=0.1, seed=0, **PLAIN)
+    radius = torch.optim.lr_scheduler.StepLR(ProbeRadius(opt), step_size=1, gamma=0.5)
+    for _ in range(2):
+        rec.shapes.clear()
+        spread = []
+
+        def measured(x, spread=spread):
+            spread.append(float((x - opt.incumbent).norm(dim=1).max()))
+            return f(x)
+
+        opt.step(measured)
+        radius.step()
+    assert opt.param_groups[0]["radius"] == pytest.approx(0.025) and spread[0] == pytest.approx(0.05)
+
+
+def test_param_groups_get_their_own_radius_and_blocks_stay_inside_groups():
+    a, b = torch.nn.Parameter(torch.ones(4, dtype=torch.float64)), torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    seen = []
+    opt = PolytopeOptimizer([{"params": [a]}, {"params": [b], "radius": 0.5}], radii=0.1, seed=0, **{**PLAIN, "blocks": "all"})
+    opt.step(lambda x: seen.append(x.clone()) or x.square().sum(1))
+    change = seen[0] - 1.0
+    assert [int(i.numel()) for i in opt.blocks] == [4, 3]
+    assert torch.allclose(change[:8, :4].norm(dim=1), torch.full((8,), 0.1, dtype=torch.float64))
+    assert torch.allclose(change[8:, 4:].norm(dim=1), torch.full((6,), 0.5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="radius"):
+        PolytopeOptimizer([{"params": [a], "radius": -1.0}])
+    with pytest.raises(ValueError, match="cut across"):
+        PolytopeOptimizer([{"params": [a]}, {"params": [b]}], blocks=[2, 5])
+
+
+def test_load_state_dict_names_a_missing_key():
+    saved = PolytopeOptimizer(params(), seed=0).state_dict()
+    del saved["velocity"]
+    with pytest.raises(KeyError, match="velocity"):
+        PolytopeOptimizer(params(), seed=0).load_state_dict(saved)
+
+
+def test_automatic_radius_follows_the_parameter_scale_and_frames_follow_the_budget():
+    from polytope.defaults import FRAME_DIM, MIN_STEPS, frame_dims, initial_radius
+
+    assert initial_radius([torch.randn(100, dtype=torch.float64)]) == pytest.approx(0.05)
+    assert initial_radius([1e-4 * torch.randn(100, dtype=torch.float64)]) < 2e-4  # small weights: within their spread
+    assert initial_radius([1e4 * torch.randn(100, dtype=torch.float64)]) > 50.0
+    assert initial_radius([torch.zeros(10)]) == pytest.approx(0.05)  # all zeros: spread 1
+    count = lambda d: 2 * d  # noqa: E731
+    assert frame_dims([1000], count, None) == [FRAME_DIM] and frame_dims([3, 1000], count, None) == [3, FRAME_DIM]
+    for budget in (100, 500, 2000):
+        (dim,) = frame_dims([1000], count, budget)
+        assert dim == FRAME_DIM or budget / (2 * (dim + 1) + 2) < MIN_STEPS  # the largest frame that pays for MIN_STEPS
+        assert dim == 1 or budget / (2 * dim + 2) >= MIN_STEPS
+    assert frame_dims([1000], count, 10) == [1]
+
+
+def test_defaults_solve_a_conditioned_quadratic_at_a_small_budget():
+    """The harness's 20-D quadratic (condition 100) at 2,000 evaluations: sep-CMA-ES reaches ~0.1, the defaults far below."""
+    gen = torch.Generator().manual_seed(0)
+    q, _ = torch.linalg.qr(torch.randn(20, 20, generator=gen, dtype=torch.float64))
+    a = q @ torch.diag(torch.logspace(0, 2, 20, dtype=torch.float64)) @ q.T
+    f = lambda x: 0.5 * ((x @ a) * x).sum(-1)  # noqa: E731
+    p = [torch.nn.Parameter(torch.randn(20, generator=gen, dtype=torch.float64))]
+    start = float(f(p[0].detach()[None]))
+    opt = PolytopeOptimizer(p, seed=0, max_evaluations=2000)
+    while opt.step(f, objective_token=0) is not None or not opt.last_info.get("exhausted"):
+        pass
+    assert opt.evaluations <= 2000 and float(f(p[0].detach()[None])) < 1e-3 * start

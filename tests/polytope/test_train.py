@@ -65,3 +65,104 @@ def test_train_validates_its_arguments():
         train(model, loss_fn, (x, y[:3]), steps=1, progress=False, use_evaluator=False)
     with pytest.raises(TypeError, match="together"):
         train(model, loss_fn, (x, y), optimizer=PolytopeOptimizer(model.parameters()), steps=1, radii=0.1, progress=False)
+
+
+@pytest.mark.parametrize("budget", [3, 50, 401])
+@pytest.mark.parametrize("options", [
+    dict(radii=0.1),
+    dict(radii=0.1, chunk_size=3, radius_model="quadratic", trust_region=True, blocks="all", block_dim=2),
+    dict(radii=(0.05, 0.2), polytope="simplex", momentum=0.5),
+])
+def test_train_never_scores_more_than_max_evaluations(budget, options):
+    model, mse, x, y = problem()
+    calls = []
+    loss_fn = lambda out, t: calls.append(None) or mse(out, t)  # noqa: E731  # the closure fallback: one call per candidate
+    opt = PolytopeOptimizer(model.parameters(), seed=0, **options)
+    history = train(model, loss_fn, (x, y), optimizer=opt, max_evaluations=budget, progress=False, use_evaluator=False)
+    scored = len(calls) - len(history)  # train() also scores the incumbent once per step, uncharged, for the history
+    assert scored == opt.evaluations <= budget
+    assert budget - opt.evaluations < 2 * len(opt.radius_ratios) + 2
+    assert not history.evaluations or history.evaluations[-1] == opt.evaluations
+
+
+def test_train_default_budget_holds_with_minibatches():
+    model, loss_fn, x, y = problem(4)
+    for budget in (10, 999):
+        history = train(model, loss_fn, (x, y), max_evaluations=budget, batch_size=16, seed=0, progress=False)
+        assert history.evaluations[-1] <= budget and budget - history.evaluations[-1] < 4
+
+
+@pytest.mark.parametrize("data, error, match", [
+    ([], ValueError, "empty"),
+    ((), ValueError, "empty"),
+    ((torch.zeros(0, 3), torch.zeros(0)), ValueError, "empty"),
+    ("batches", TypeError, "pair"),
+    (torch.zeros(4, 3), TypeError, "pair"),
+    ([(torch.zeros(4, 3), torch.zeros(4), torch.zeros(4))], TypeError, "length 3"),
+    ((torch.zeros(4, 3), torch.zeros(4), torch.zeros(4)), TypeError, "length 3"),
+    ([torch.zeros(4, 3)], TypeError, "pair"),
+    ((torch.zeros(4, 3, dtype=torch.float64), torch.zeros(4)), TypeError, "float64"),
+])
+def test_train_rejects_data_it_cannot_use_with_a_message_naming_the_forms(data, error, match):
+    model, loss_fn, _, _ = problem()
+    with pytest.raises(error, match=match):
+        train(model, loss_fn, data, steps=2, progress=False)
+
+
+def test_train_rejects_numpy_data_and_empty_dataloaders():
+    np = pytest.importorskip("numpy")
+    model, loss_fn, x, y = problem()
+    with pytest.raises(TypeError, match="torch.as_tensor"):
+        train(model, loss_fn, (x.numpy(), y.numpy()), steps=2, progress=False)
+    empty = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:0], y[:0]), batch_size=4)
+    with pytest.raises(ValueError, match="empty"):
+        train(model, loss_fn, empty, steps=2, progress=False)
+    assert np is not None
+
+
+def test_train_accepts_a_dataloader():
+    model, loss_fn, x, y = problem(5)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32)
+    history = train(model, loss_fn, loader, steps=5, seed=0, progress=False, radii=0.1)
+    assert len(history) == 5
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, RuntimeError])
+def test_interrupted_train_leaves_no_evaluator_registered(interrupt):
+    model, loss_fn, x, y = problem()
+    opt = PolytopeOptimizer(model.parameters(), radii=0.1, seed=0, trust_region=False, radius_model=None)
+
+    def stop(step, optimizer, history):
+        raise interrupt("stop")
+
+    with pytest.raises(interrupt):
+        train(model, loss_fn, (x, y), optimizer=opt, steps=5, progress=False, callback=stop)
+    calls = []
+    opt.step(lambda c: calls.append(c.shape[0]) or c.square().sum(1))
+    assert calls == [8]  # the closure scored the step, not the stale evaluator
+
+
+def test_train_validates_every_option():
+    model, loss_fn, x, y = problem()
+    for kwargs, error, match in [
+        (dict(steps=2.0), TypeError, "steps"), (dict(steps=True), TypeError, "steps"),
+        (dict(max_evaluations="100"), TypeError, "max_evaluations"), (dict(max_evaluations=-5), ValueError, "max_evaluations"),
+        (dict(steps=2, seed=1.5), TypeError, "seed"), (dict(steps=2, seed="a"), TypeError, "seed"),
+        (dict(steps=2, batch_size=0), ValueError, "batch_size"), (dict(steps=2, progress="no"), TypeError, "progress"),
+        (dict(steps=2, use_evaluator=1), TypeError, "use_evaluator"), (dict(steps=2, callback=3), TypeError, "callback"),
+        (dict(steps=2, temperature=[0.1, 0.2]), TypeError, "temperature"), (dict(steps=2, momentum="0.5"), TypeError, "momentum"),
+        (dict(steps=2, optimizer=torch.optim.SGD(model.parameters(), lr=0.1)), TypeError, "PolytopeOptimizer"),
+        (dict(steps=2, optimizer=PolytopeOptimizer([torch.nn.Parameter(torch.ones(2))])), ValueError, "model.parameters"),
+    ]:
+        with pytest.raises(error, match=match):
+            train(model, loss_fn, (x, y), progress=False, **kwargs)
+    with pytest.raises(TypeError, match="loss_fn"):
+        train(model, "mse", (x, y), steps=2, progress=False)
+
+
+def test_train_warns_when_no_step_is_accepted_for_long():
+    model, loss_fn, x, y = problem()
+    noisy = lambda out, t: loss_fn(out, t) + 1e3 * torch.rand(())  # noqa: E731  # noise swamps the probes
+    with pytest.warns(RuntimeWarning, match="no step was accepted"):
+        train(model, noisy, (x, y), steps=80, seed=0, progress=False, use_evaluator=False, radii=1e-6,
+              radius_model="quadratic", trust_region=True)

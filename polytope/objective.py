@@ -1,0 +1,71 @@
+"""What a step scores candidates with: one ``Objective`` protocol, two adapters.
+
+A user closure sees dense ``(C, n)`` candidates; a registered evaluator sees the
+structured ``CandidateBatch``. Both become an ``Objective`` (a callable
+``(batch, subset) -> (C,) losses``), so the optimizer has one scoring path; the
+adapters own what differs: materializing, and slicing the training data for a
+screen on a subset of samples.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+
+import torch
+
+from .candidates import CandidateBatch, CandidateGroup
+
+
+@runtime_checkable
+class Objective(Protocol):
+    def __call__(self, batch: CandidateBatch, subset: torch.Tensor | None = None) -> torch.Tensor:
+        """(C,) losses of the batch's candidates, in group order; ``subset``: sample indices of a cheaper screen."""
+        ...
+
+
+class ClosureObjective:
+    """``closure(candidates (C, n))`` (and ``closure(candidates, subset=...)`` for screens) as an Objective."""
+
+    def __init__(self, closure: Callable[..., Any]):
+        if not callable(closure):
+            raise TypeError(f"closure must be callable, got {type(closure).__name__}")
+        self.closure = closure
+
+    def __call__(self, batch: CandidateBatch, subset: torch.Tensor | None = None) -> torch.Tensor:
+        if subset is None:
+            return self.closure(batch.materialize())
+        return self.closure(batch.materialize(), subset=subset)
+
+
+class EvaluatorObjective:
+    """``evaluator.evaluate_batch(batch, inputs, targets)`` on a fixed batch of data as an Objective."""
+
+    def __init__(self, evaluator, inputs, targets):
+        if not callable(getattr(evaluator, "evaluate_batch", None)):
+            raise TypeError("evaluator must have an evaluate_batch(batch, inputs, targets) method")
+        self.evaluator, self.inputs, self.targets = evaluator, inputs, targets
+
+    def __call__(self, batch: CandidateBatch, subset: torch.Tensor | None = None) -> torch.Tensor:
+        inputs, targets = self.inputs, self.targets
+        if subset is not None:
+            inputs, targets = inputs[subset], targets[subset]
+        return self.evaluator.evaluate_batch(batch, inputs, targets)
+
+
+def chunks(groups: list[CandidateGroup], size: int | None) -> Iterator[list[CandidateGroup]]:
+    """The groups' candidates in order, cut into lists of at most ``size`` candidates (None: one list)."""
+    if size is None:
+        yield groups
+        return
+    current, room = [], size
+    for group in groups:
+        start = 0
+        while start < group.count:
+            take = min(room, group.count - start)
+            info = dict(group.info, rows=(start, start + take))
+            current.append(CandidateGroup(group.index, group.delta[start:start + take], info))
+            start, room = start + take, room - take
+            if room == 0:
+                yield current
+                current, room = [], size
+    if current:
+        yield current

@@ -1,0 +1,159 @@
+"""Probe placement: parameter blocks, their frames and bases, and the candidates around the incumbent.
+
+Block ``p`` owns coordinates ``index_p`` (``m_p`` of them) and a frame of
+dimension ``d_p <= m_p``, embedded by a basis ``R_p`` (``m_p x d_p``, orthonormal
+columns). Its candidates are ``x + r_pk * metric_p * (R_p v)`` for every vertex
+``v`` and probe radius ``r_pk``; every other block stays at the incumbent.
+``metric`` scales coordinates (e.g. by each tensor's initial spread), so all
+frame-coordinate statistics live in the scaled space ``y = x / metric``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .candidates import CandidateGroup
+from .geometry import frame, procrustes, random_basis, vertex_count
+
+ROTATIONS = ("random", "last_step", "none")
+
+
+def make_blocks(spec, group_tensors: list[list[tuple[int, int]]], subspace_blocks: list[int] | None) -> list[torch.Tensor]:
+    """Coordinate index tensors of the blocks; blocks never cross parameter groups.
+
+    ``group_tensors`` holds each group's tensors as (numel, ndim) in parameter
+    order; ``subspace_blocks`` the subspace's own block sizes when there is a
+    subspace (its coordinates then form the one group).
+    """
+    group_sizes = [sum(numel for numel, _ in tensors) for tensors in group_tensors]
+    total = sum(group_sizes)
+    if isinstance(spec, (list, tuple)) and spec and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in spec):
+        if sum(spec) != total:
+            raise ValueError(f"blocks sizes sum to {sum(spec)} but the search space has {total} coordinates")
+        if not set(_cumsum(group_sizes)) <= set(_cumsum(spec)):
+            raise ValueError(f"blocks sizes {list(spec)} cut across parameter groups (groups end at {_cumsum(group_sizes)})")
+        sizes = list(spec)
+    elif spec in ("tensor", "layer") and subspace_blocks is not None:
+        if not subspace_blocks:
+            raise ValueError(f"blocks={spec!r} needs a subspace with `block_sizes`; use 'all', an int or explicit sizes")
+        sizes = list(subspace_blocks)
+    elif spec in ("tensor", "layer", "all") or (isinstance(spec, int) and not isinstance(spec, bool) and spec > 0):
+        sizes = [size for tensors, space in zip(group_tensors, group_sizes) for size in _group_blocks(spec, tensors, space)]
+    elif isinstance(spec, int) and not isinstance(spec, bool):
+        raise ValueError(f"blocks as an int is a particle size and must be positive, got {spec}")
+    else:
+        raise ValueError(f"blocks must be 'tensor', 'layer', 'all', a positive int or a list of positive sizes, got {spec!r}")
+    offsets = [0] + _cumsum(sizes)
+    return [torch.arange(a, b) for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def _group_blocks(spec, tensors: list[tuple[int, int]], space: int) -> list[int]:
+    if spec == "all":
+        return [space]
+    if isinstance(spec, int):
+        return [min(spec, space - start) for start in range(0, space, spec)]
+    sizes: list[int] = []
+    for numel, ndim in tensors:
+        if spec == "layer" and ndim < 2 and sizes:
+            sizes[-1] += numel  # biases and norms join the layer before them
+        else:
+            sizes.append(numel)
+    return sizes
+
+
+def _cumsum(values) -> list[int]:
+    out, total = [], 0
+    for v in values:
+        total += v
+        out.append(total)
+    return out
+
+
+class Probes:
+    """Frames, bases and last displacements per block; builds the candidate groups of a step."""
+
+    def __init__(self, blocks: list[torch.Tensor], dims: list[int], polytope: str, generator: torch.Generator,
+                 metric: torch.Tensor | None = None):
+        self.blocks, self.dims, self.polytope, self.generator = blocks, dims, polytope, generator
+        self._frames: dict[int, torch.Tensor] = {}
+        self.metric = None if metric is None else [metric[index] for index in blocks]
+        self.bases = [random_basis(index.numel(), d, generator) for index, d in zip(blocks, dims)]
+        self.last_move = [torch.zeros(index.numel(), dtype=torch.float64) for index in blocks]
+
+    def frame(self, dim: int) -> torch.Tensor:
+        if dim not in self._frames:
+            self._frames[dim] = frame(self.polytope, dim)
+        return self._frames[dim]
+
+    def vertex_count(self, p: int, dim: int | None = None) -> int:
+        return vertex_count(self.polytope, self.dims[p] if dim is None else dim)
+
+    def rotate(self, rotation: str, carry: bool) -> list[torch.Tensor] | None:
+        """New bases (replaced, never changed in place, so records and models can share them).
+
+        Returns, when ``carry``, each block's Procrustes map ``Q`` taking frame
+        coordinates ``z`` in the old basis to ``Q.T @ z`` in the new one.
+        """
+        if rotation == "none":
+            return None
+        maps = [] if carry else None
+        for p, (index, d) in enumerate(zip(self.blocks, self.dims)):
+            bias = self.last_move[p] if rotation == "last_step" else None
+            new = random_basis(index.numel(), d, self.generator, bias=bias)
+            if carry:
+                maps.append(procrustes(self.bases[p], new))
+            self.bases[p] = new
+        return maps
+
+    def groups(self, radii: torch.Tensor, dtype: torch.dtype, active: list[int]) -> list[CandidateGroup]:
+        """Per probed block and radius, the (V, m) displacements ``r * metric * (frame @ basis.T)``.
+
+        ``radii`` is (P, K); ``active[p]`` is the frame dimension probed this step
+        (0 skips the block, less than ``dims[p]`` uses the leading basis axes).
+        Big blocks make this memory-bound, so temporaries are avoided: the
+        orthoplex frame is [I; -I], its displacements are the basis columns,
+        cast and scaled in place, and their negatives.
+        """
+        out = []
+        for p, (index, basis) in enumerate(zip(self.blocks, self.bases)):
+            d = active[p]
+            if d == 0:
+                continue
+            basis = basis[:, :d]
+            for k, radius in enumerate(radii[p].tolist()):
+                if self.polytope == "orthoplex":
+                    delta = basis.new_empty(2 * d, index.numel(), dtype=dtype)
+                    delta[:d] = basis.T
+                    delta[:d] *= radius
+                    if self.metric is not None:
+                        delta[:d] *= self.metric[p].to(dtype)
+                    torch.neg(delta[:d], out=delta[d:])
+                else:
+                    delta = self.frame(d).to(dtype) @ (radius * basis.T).to(dtype)
+                    if self.metric is not None:
+                        delta *= self.metric[p].to(dtype)
+                out.append(CandidateGroup(index, delta, {"block": p, "radius_index": k, "radius": radius}))
+        return out
+
+    def unpack(self, flat: torch.Tensor, radius_count: int, active: list[int]) -> torch.Tensor:
+        """Flat losses in group order -> (P, Vmax, K), +inf where a block has fewer (or no) probed vertices."""
+        counts = [self.vertex_count(p, d) if d else 0 for p, d in enumerate(active)]
+        width = max(self.vertex_count(p) for p in range(len(self.blocks)))
+        out = torch.full((len(self.blocks), width, radius_count), torch.inf, dtype=torch.float64)
+        offset = 0
+        for p, count in enumerate(counts):
+            size = count * radius_count
+            out[p, :count, :] = flat[offset:offset + size].reshape(radius_count, count).T
+            offset += size
+        return out
+
+    def vertices(self, active: list[int]) -> torch.Tensor:
+        """(P, Vmax, dmax) probed frame vertices, zero-padded."""
+        width = max(self.vertex_count(p) for p in range(len(self.blocks)))
+        out = torch.zeros(len(self.blocks), width, max(self.dims), dtype=torch.float64)
+        for p, d in enumerate(active):
+            if d:
+                out[p, : self.vertex_count(p, d), :d] = self.frame(d)
+        return out
+
+    def candidate_count(self, active: list[int], radius_count: int) -> int:
+        return radius_count * sum(self.vertex_count(p, d) for p, d in enumerate(active) if d)
