@@ -220,11 +220,19 @@ class LazyTensor:
         return self._contract(lambda a, b: b * a**2, w)
 
     # -- reductions -----------------------------------------------------------
-    def sum(self, dim=1, *, backend: str = "auto", chunk_size=None):
-        """Sum over j (dim=1 / "j"), over i (dim=0 / "i"), or over features (dim=-1)."""
+    def sum(self, dim=1, *, backend: str = "auto", chunk_size=None, dtype_acc=None):
+        """Sum over j (dim=1 / "j"), over i (dim=0 / "i"), or over features (dim=-1).
+
+        ``dtype_acc`` (e.g. ``torch.float64`` for a float32 formula): the dtype
+        the sum is formed and accumulated in, and the result's dtype.
+        """
         if dim in (-1, 2, "features"):
             return self._contract(lambda a: a)
-        return self._reduce(lambda e, p: reductions.Sum(e, p.info, self.width), dim, backend, chunk_size)[0]
+
+        def make(e, p):
+            return reductions.Sum(e, p.info, self.width, dtype_acc=reductions.accumulation_dtype(dtype_acc, p.dtype))
+
+        return self._reduce(make, dim, backend, chunk_size)[0]
 
     sum_reduction = sum
 

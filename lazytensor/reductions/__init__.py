@@ -8,6 +8,7 @@ from .base import Consumer, Reduction
 from .quantile import Quantile
 from .selection import ArgMin, KMin
 from .softmax import LogSumExp, SoftmaxWeightedSum, merge
-from .sum import Sum
+from .sum import Sum, accumulation_dtype
 
-__all__ = ["Consumer", "Reduction", "Sum", "LogSumExp", "SoftmaxWeightedSum", "ArgMin", "KMin", "Quantile", "merge"]
+__all__ = ["Consumer", "Reduction", "Sum", "LogSumExp", "SoftmaxWeightedSum", "ArgMin", "KMin", "Quantile", "merge",
+           "accumulation_dtype"]
