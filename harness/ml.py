@@ -50,13 +50,15 @@ def register(subparsers) -> None:
     p.add_argument("--classes", type=cli.int_at_least(2), default=4, help="LDA classes")
     p.add_argument("--components", type=cli.positive_int, default=2, help="PCA / SVD / LDA components")
     p.add_argument("--search-width", type=cli.nonneg_int, default=10)
-    p.add_argument("--rank", type=cli.positive_int, default=256, help="Nystrom preconditioner rank (ridge, LDA)")
+    p.add_argument("--rank", type=cli.positive_int, default=None,
+                   help="Nystrom preconditioner rank (ridge, LDA; default: the estimators' 'auto', 8 sqrt(n))")
     p.add_argument("--preconditioner", choices=("nystrom", "jacobi", "none"), default="nystrom",
                    help="ridge / LDA preconditioner")
     p.add_argument("--rtol", type=cli.positive_float, default=1e-7)
     p.add_argument("--atol", type=cli.nonneg_float, default=1e-9)
     p.add_argument("--chunk-size", type=cli.positive_int, default=None, help="rows per streamed tile (default: 8 MiB budget)")
-    p.add_argument("--tile-dtype", choices=("float32",), default=None, help="streamed tiles in float32")
+    p.add_argument("--tile-dtype", choices=("float32", "float64"), default=None,
+                   help="dtype of the iterations' tiles (default: the estimators', float32 for CG fits of float64 data)")
     p.add_argument("--backward", action="store_true", help="ridge/landmark: also differentiate the predictions")
     p.add_argument("--dense-direct", action="store_true", help="also time the direct dense algorithm")
     p.add_argument("--variants", type=cli.comma_list(VARIANTS), default=["stored", "streamed"],
@@ -138,6 +140,7 @@ def make_workload(cfg: dict[str, Any], source: str, data: dict[str, torch.Tensor
     kernel = solvers.RBF(cfg["gamma"])
     tile_dtype = DTYPES.get(cfg["tile_dtype"]) if source == "streamed" else None
     common = dict(source=source, chunk_size=cfg["chunk_size"], tile_dtype=tile_dtype, random_state=cfg["seed"])
+    rank = cfg["rank"] or "auto"
     case = cfg["case"]
 
     if case in ("ridge", "landmark"):
@@ -145,7 +148,7 @@ def make_workload(cfg: dict[str, Any], source: str, data: dict[str, torch.Tensor
             X, Y, Xq = (data[k].clone().requires_grad_(cfg["backward"]) for k in ("X", "Y", "Xq"))
             if case == "ridge":
                 est = solvers.KernelRidge(kernel, cfg["regularization"], preconditioner=cfg["preconditioner"],
-                                          rank=cfg["rank"], rtol=cfg["rtol"], atol=cfg["atol"], **common)
+                                          rank=rank, rtol=cfg["rtol"], atol=cfg["atol"], **common)
             else:
                 est = solvers.LandmarkRidge(kernel, cfg["regularization"], n_landmarks=cfg["m"], rtol=cfg["rtol"],
                                             atol=cfg["atol"], **common)
@@ -164,7 +167,7 @@ def make_workload(cfg: dict[str, Any], source: str, data: dict[str, torch.Tensor
     elif case == "lda":
         def run():
             est = solvers.KernelLDA(kernel, cfg["components"], regularization=cfg["regularization"],
-                                    preconditioner=cfg["preconditioner"] and "nystrom", rank=cfg["rank"],
+                                    preconditioner=cfg["preconditioner"] and "nystrom", rank=rank,
                                     rtol=cfg["rtol"], atol=cfg["atol"], **common)
             est.fit(data["X"], data["labels"])
             return {"eigenvalues": est.eigenvalues_, "transform": est.transform(data["Xq"]), "info": est.info_}

@@ -30,12 +30,14 @@ except ImportError:  # scikit-learn is optional
 __all__ = ["Estimator", "NotFittedError", "ConvergenceWarning", "SOURCES", "AUTO_DIRECT_MAX_N"]
 
 SOURCES = ("auto", "streamed", "stored", "direct")
+TILE_DTYPES = (None, torch.float32, torch.float64)
 
 # source="auto" picks the direct factorization up to this many training points:
 # measured with `python -m harness ml --case ridge` (docs/solvers.md), the direct
 # solve stays faster than the preconditioned streamed fit below it, and its
 # n x n matrix (<= 128 MiB in float64) is still affordable.
 AUTO_DIRECT_MAX_N = 4096
+AUTO_RANK_MAX = 2048  # the default preconditioner rank's cap (a float32 factor: 8 KiB per training point)
 
 
 class NotFittedError(*((_SkNotFittedError,) if _sklearn else (ValueError, AttributeError))):
@@ -216,6 +218,16 @@ class Estimator(_Base):
                 raise ValueError(f"{name} must be a non-negative number or None, got {value!r}")
         self._kernel = as_kernel(self.kernel)
 
+    def _rank(self, n: int) -> int:
+        """The Nystrom preconditioner's rank: ``rank``, or by default ``8 sqrt(n)`` (a multiple of 64, at most
+        ``AUTO_RANK_MAX``): there the preconditioner's O(n r^2) set-up and the passes it saves balance
+        (measured in docs/solvers.md)."""
+        if self.rank == "auto":
+            return min(n, AUTO_RANK_MAX, max(64, 64 * round(8 * n**0.5 / 64)))
+        if isinstance(self.rank, bool) or not isinstance(self.rank, numbers.Integral) or self.rank < 1:
+            raise ValueError(f"rank must be a positive int or 'auto', got {self.rank!r}")
+        return min(n, int(self.rank))
+
     def _rtol(self, dtype: torch.dtype) -> float:
         """Default tolerance: tight in float64, what single precision can reach in float32."""
         return self.rtol if self.rtol is not None else (1e-8 if dtype == torch.float64 else 1e-4)
@@ -225,12 +237,36 @@ class Estimator(_Base):
             return "direct" if n <= AUTO_DIRECT_MAX_N else "streamed"
         return self.source
 
-    def _streamed(self, X: torch.Tensor, Y: torch.Tensor | None = None) -> StreamedKernel:
-        return StreamedKernel(self._kernel, X, Y, chunk_size=self.chunk_size, tile_dtype=getattr(self, "tile_dtype", None))
+    def _streamed(self, X: torch.Tensor, Y: torch.Tensor | None = None, tile_dtype=None) -> StreamedKernel:
+        return StreamedKernel(self._kernel, X, Y, chunk_size=self.chunk_size, tile_dtype=tile_dtype)
 
-    def _source(self, kind: str, X: torch.Tensor, Y: torch.Tensor | None = None):
-        """The kernel matrix K(X, Y) (no gradient) as a streamed or a stored source."""
-        K = self._streamed(X.detach(), None if Y is None else Y.detach())
+    def _tile_dtype(self, dtype: torch.dtype, refined: bool) -> torch.dtype:
+        """The dtype iterations evaluate tiles in: ``tile_dtype``, or by default float32 for float64
+        data where the fit refines against exact residuals (CG fits: ``refined``), else the data's."""
+        if self.tile_dtype not in TILE_DTYPES:
+            raise ValueError(f"tile_dtype must be None, torch.float32 or torch.float64, got {self.tile_dtype!r}")
+        if self.tile_dtype is not None:
+            return self.tile_dtype if torch.finfo(self.tile_dtype).bits < torch.finfo(dtype).bits else dtype
+        return torch.float32 if refined and dtype == torch.float64 else dtype
+
+    def _sources(self, kind: str, X: torch.Tensor, Y: torch.Tensor | None = None, *, refined: bool = True):
+        """``(exact, fast)``: K(X, Y) for results and true residuals, and the CG iterations' operator
+        (float32 tiles by default for float64 data where ``refined``; the same source when nothing is cheaper)."""
+        exact = self._source(kind, X, Y)
+        tile_dtype = self._tile_dtype(X.dtype, refined=refined)
+        if kind != "streamed" or tile_dtype == X.dtype:
+            return exact, exact
+        try:
+            return exact, self._source(kind, X, Y, tile_dtype=tile_dtype)
+        except TypeError:  # a formula closing over tensors of the data's dtype has no float32 version
+            if self.tile_dtype is not None:
+                raise
+            return exact, exact
+
+    def _source(self, kind: str, X: torch.Tensor, Y: torch.Tensor | None = None, *, tile_dtype=None):
+        """The kernel matrix K(X, Y) (no gradient) as a streamed source (tiles in ``tile_dtype``,
+        sums in the data's dtype) or a stored one (always exact)."""
+        K = self._streamed(X.detach(), None if Y is None else Y.detach(), tile_dtype if kind == "streamed" else None)
         if kind == "streamed":
             return K
         with torch.no_grad():

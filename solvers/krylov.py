@@ -63,7 +63,7 @@ def fix_signs(vectors: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- CG
 def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: float = 1e-6, atol: float = 0.0,
-       maxiter: int | None = None):
+       maxiter: int | None = None, exact=None):
     """Solve ``A X = B`` for symmetric positive definite ``A`` and every column of ``B``.
 
     A column stops when its true residual satisfies ``||b - A x|| <= max(rtol ||b||, atol)``:
@@ -71,9 +71,14 @@ def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: floa
     with one more product and CG restarts from there for columns that are not done
     (and reports ``stagnation`` when a restart no longer helps). ``M`` is an optional
     preconditioner: a callable returning an approximation of ``A^{-1} R``.
+    ``exact`` is the operator the true residual is computed with (default ``A``):
+    with a cheaper, less accurate ``A`` (float32 tiles) each restart is a step of
+    iterative refinement, so the answer meets ``rtol`` in ``exact``'s precision;
+    if a cycle on ``A`` stalls or breaks down, the remaining cycles use ``exact``.
     Returns ``(X, info)`` with ``info.residuals`` the final true residual norms.
     """
     A = as_source(A)
+    exact = A if exact is None else as_source(exact)
     _check_tolerances(rtol, atol, maxiter)
     if not isinstance(B, torch.Tensor):
         raise TypeError(f"B must be a torch.Tensor, got {type(B).__name__}")
@@ -105,7 +110,7 @@ def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: floa
         raise ValueError(f"x0 must be a tensor shaped like B {tuple(B.squeeze(1).shape if vector else B.shape)}, got {got}")
     X = torch.zeros_like(B) if x0 is None else (x0.unsqueeze(1) if vector else x0).detach().to(A.dtype).clone()
     target = torch.clamp(rtol * B.norm(dim=0), min=atol)
-    R = B - A.matmul_nograd(X) if x0 is not None else B.clone()
+    R = B - exact.matmul_nograd(X) if x0 is not None else B.clone()
     info.matvecs += x0 is not None
     true_norm = R.norm(dim=0)
     stopped = torch.zeros(B.shape[1], dtype=torch.bool, device=B.device)  # converged or broken down
@@ -151,11 +156,14 @@ def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: floa
             live = live[~dead]
         # Recompute the true residual of the columns that were just iterated.
         previous = true_norm[active].clone()
-        R[:, active] = B[:, active] - A.matmul_nograd(X[:, active])
+        R[:, active] = B[:, active] - exact.matmul_nograd(X[:, active])
         info.matvecs += 1
         true_norm[active] = R[:, active].norm(dim=0)
         stalled = (true_norm[active] > target[active]) & (true_norm[active] >= 0.5 * previous)
-        if info.iterations < maxiter and stalled.any():  # a whole cycle did not halve it: the precision floor
+        if A is not exact and (stalled.any() or broken.any()):  # the cheap operator's precision floor: go exact
+            A = exact
+            stopped[:], broken[:] = False, False
+        elif info.iterations < maxiter and stalled.any():  # a whole cycle did not halve it: the precision floor
             stopped[active[stalled]] = True
             reason = "stagnation"
     done = true_norm <= target

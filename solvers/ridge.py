@@ -97,8 +97,8 @@ class _Ridge(RegressorMixin, Estimator):
 
         return coef, _merge(infos, [c for c, _ in groups], Y.shape[1]), adjoint
 
-    def _cg(self, operator, preconditioner, rtol):
-        return lambda R: cg(operator, R, M=preconditioner, rtol=rtol, atol=self.atol, maxiter=self.maxiter)
+    def _cg(self, operator, preconditioner, rtol, exact=None):
+        return lambda R: cg(operator, R, M=preconditioner, rtol=rtol, atol=self.atol, maxiter=self.maxiter, exact=exact)
 
     def _predict_with(self, X, centres: torch.Tensor, coef: torch.Tensor):
         X, numpy_out = self._query_points(X, centres)
@@ -140,7 +140,7 @@ class KernelRidge(_Ridge):
     differentiation: one adjoint solve).
     """
 
-    def __init__(self, kernel, alpha=1.0, *, source="auto", preconditioner="nystrom", rank=256, rtol=None,
+    def __init__(self, kernel, alpha=1.0, *, source="auto", preconditioner="nystrom", rank="auto", rtol=None,
                  atol=0.0, maxiter=None, chunk_size=None, tile_dtype=None, random_state=0):
         self.kernel, self.alpha, self.source, self.preconditioner, self.rank = kernel, alpha, source, preconditioner, rank
         self.rtol, self.atol, self.maxiter, self.chunk_size = rtol, atol, maxiter, chunk_size
@@ -166,16 +166,21 @@ class KernelRidge(_Ridge):
                     return out, _direct_info((R - K @ out - a * out).norm(dim=0))
                 return solve
         else:
-            K = self._source(self.source_, X)
-            factor = pivoted_cholesky(K, min(self.rank, n), tolerance=float(alpha.detach().min()),
-                                      random_state=self.random_state) if self.preconditioner == "nystrom" else None
+            K, fast = self._sources(self.source_, X)
+            low_rank = None
+            if self.preconditioner == "nystrom":
+                smallest = float(alpha.detach().min())
+                factor = pivoted_cholesky(fast, self._rank(n), tolerance=smallest, random_state=self.random_state,
+                                          dtype=getattr(fast, "tile_dtype", X.dtype))
+                low_rank = LowRankPreconditioner(factor, smallest)
             diag = K.diag() if self.preconditioner == "jacobi" else None
 
             def make_solver(a):
-                operator = FunctionOperator(K.shape, K.dtype, K.device, lambda V: K.matmul_nograd(V) + a * V)
-                M = (LowRankPreconditioner(factor, a) if factor is not None
-                     else Jacobi(diag, a) if diag is not None else None)
-                return self._cg(operator, M, self._rtol(X.dtype))
+                def shifted(source):
+                    return FunctionOperator(K.shape, K.dtype, K.device, lambda V: source.matmul_nograd(V) + a * V)
+
+                M = low_rank.with_shift(a) if low_rank is not None else Jacobi(diag, a) if diag is not None else None
+                return self._cg(shifted(fast), M, self._rtol(X.dtype), exact=shifted(K))
 
         with torch.no_grad():
             coef, info, adjoint = self._solve(Y.detach(), alpha, make_solver)
@@ -234,7 +239,7 @@ class LandmarkRidge(_Ridge):
         L = self._choose_landmarks(X)
         m = L.shape[0]
         self.source_ = self._resolve_source(X.shape[0])
-        K_nm, K_mm = self._source(self.source_, X, L), self._source(self.source_, L)
+        (K_nm, fast_nm), (K_mm, fast_mm) = self._sources(self.source_, X, L), self._sources(self.source_, L)
         eye = torch.eye(m, dtype=X.dtype, device=X.device)
         with torch.no_grad():
             rhs = K_nm.rmatmul_nograd(Y.detach())
@@ -252,10 +257,10 @@ class LandmarkRidge(_Ridge):
                         return out, _direct_info((G - K_nm.gram(out) - a * (Kmm @ out)).norm(dim=0))
                     return solve
             else:
-                gram = self._normal_gram(K_nm) if m <= NORMAL_FACTOR_MAX else None
-                Kmm = K_mm.matmul_nograd(eye) if gram is not None else None
+                gram = self._normal_gram(fast_nm) if m <= NORMAL_FACTOR_MAX else None
+                Kmm = fast_mm.matmul_nograd(eye) if gram is not None else None
 
-                def make_solver(a):
+                def make_solver(a):  # the normal matrix (float32 tiles by default) preconditions exact products
                     operator = FunctionOperator((m, m), X.dtype, X.device, lambda V: K_nm.gram(V) + a * K_mm.matmul_nograd(V))
                     return self._cg(operator, self._normal_factor(gram, Kmm, a), self._rtol(X.dtype))
 

@@ -55,7 +55,8 @@ class KernelPCA(TransformerMixin, Estimator):
         n = X.shape[0]
         k = check_count(self.n_components, "n_components", n, "at most the number of samples")
         self.source_ = self._resolve_source(n)
-        K = self._source("stored" if self.source_ == "direct" else self.source_, X)
+        K = self._source("stored" if self.source_ == "direct" else self.source_, X,
+                         tile_dtype=self._tile_dtype(X.dtype, refined=False))
         column_means = K.matmul_nograd(torch.full((n, 1), 1.0 / n, dtype=X.dtype, device=X.device)).squeeze(1)
         if self.source_ == "direct":
             Kc = K.matrix - column_means[:, None] - column_means[None, :] + column_means.mean()
@@ -134,7 +135,7 @@ class KernelLDA(ClassifierMixin, TransformerMixin, Estimator):
     """
 
     def __init__(self, kernel, n_components=None, *, regularization=1e-3, source="auto", preconditioner="nystrom",
-                 rank=256, rtol=None, atol=0.0, maxiter=None, chunk_size=None, tile_dtype=None, random_state=0):
+                 rank="auto", rtol=None, atol=0.0, maxiter=None, chunk_size=None, tile_dtype=None, random_state=0):
         self.kernel, self.n_components, self.regularization = kernel, n_components, regularization
         self.source, self.preconditioner, self.rank = source, preconditioner, rank
         self.rtol, self.atol, self.maxiter, self.chunk_size = rtol, atol, maxiter, chunk_size
@@ -156,10 +157,12 @@ class KernelLDA(ClassifierMixin, TransformerMixin, Estimator):
         onehot = torch.nn.functional.one_hot(labels.to(X.device), C).to(X.dtype)
         counts = onehot.sum(0)
         self.source_ = self._resolve_source(n)
-        K = self._source("stored" if self.source_ == "direct" else self.source_, X)
+        # N = K H K squares K's conditioning: float32 tiles only when asked for (they cost more iterations)
+        K, fast = self._sources("stored" if self.source_ == "direct" else self.source_, X, refined=False)
         class_sums = K.matmul_nograd(onehot)
         rhs = (class_sums / counts - class_sums.sum(1, keepdim=True) / n) * counts.sqrt()  # M = rhs rhs^T
         within = _WithinClass(K, onehot, counts, class_sums)
+        fast_within = within if fast is K else _WithinClass(fast, onehot, counts, class_sums)
         if self.source_ == "direct":
             S = within(torch.eye(n, dtype=X.dtype, device=X.device))
             S.diagonal().add_(reg)
@@ -168,10 +171,15 @@ class KernelLDA(ClassifierMixin, TransformerMixin, Estimator):
         else:
             M = None
             if self.preconditioner == "nystrom":
-                factor = pivoted_cholesky(within, min(self.rank, n), tolerance=reg, random_state=self.random_state)
+                factor = pivoted_cholesky(fast_within, self._rank(n), tolerance=reg, random_state=self.random_state,
+                                          dtype=getattr(fast, "tile_dtype", X.dtype))
                 M = LowRankPreconditioner(factor, reg)
-            operator = FunctionOperator(K.shape, K.dtype, K.device, lambda V: within(V) + reg * V)
-            Z, info = cg(operator, rhs, M=M, rtol=self._rtol(X.dtype), atol=self.atol, maxiter=self.maxiter)
+
+            def shifted(operator):
+                return FunctionOperator(K.shape, K.dtype, K.device, lambda V: operator(V) + reg * V)
+
+            Z, info = cg(shifted(fast_within), rhs, M=M, rtol=self._rtol(X.dtype), atol=self.atol, maxiter=self.maxiter,
+                         exact=shifted(within))
         small = rhs.T @ Z
         values, vectors = torch.linalg.eigh((small + small.T) / 2)
         values, vectors = values.flip(0)[:k], vectors.flip(1)[:, :k]
@@ -236,7 +244,8 @@ class KernelSVD(Estimator):
             signs = fix_signs(U[:, :k])
             s, left, right, info = s[:k], U[:, :k] * signs, Vt[:k].T * signs, _direct_info(k, X.dtype)
         else:
-            s, left, right, info = golub_kahan_svds(self._source(self.source_, X, Y), k,
+            K = self._source(self.source_, X, Y, tile_dtype=self._tile_dtype(X.dtype, refined=False))
+            s, left, right, info = golub_kahan_svds(K, k,
                                                     search_width=self.search_width, rtol=self._rtol(X.dtype),
                                                     maxiter=self.maxiter, random_state=self.random_state)
         self._publish(singular_values=s, left_vectors=left, right_vectors=right)
