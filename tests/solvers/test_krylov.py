@@ -38,6 +38,19 @@ def test_cg_meets_true_residual_per_column(dtype, rtol):
     assert ((x.double() - ref).norm(dim=0) / ref.norm(dim=0)).max() < 1e3 * rtol
 
 
+def test_cg_refines_a_cheap_operator_against_the_exact_one():
+    _, _, A = _spd(120, alpha=0.1)
+    B = torch.randn(120, 2, dtype=torch.float64)
+    cheap = A.float().double()  # float32 entries: CG alone stalls near 1e-7
+    _, alone = cg(cheap, B, rtol=1e-12)
+    x, refined = cg(cheap, B, rtol=1e-12, exact=A)
+    assert refined.converged and ((B - A @ x).norm(dim=0) <= 1e-12 * B.norm(dim=0) * 1.0001).all()
+    assert ((B - A @ cg(cheap, B, rtol=1e-12)[0]).norm(dim=0) > 1e-10 * B.norm(dim=0)).all() and alone.converged
+    wrong = A + 0.5 * torch.eye(120, dtype=torch.float64)  # too far off to refine: cg finishes on the exact operator
+    x, info = cg(wrong, B, rtol=1e-10, exact=A)
+    assert info.converged and ((B - A @ x).norm(dim=0) <= 1e-10 * B.norm(dim=0) * 1.0001).all()
+
+
 def test_cg_atol_and_vector_rhs():
     _, _, A = _spd(50)
     b = torch.randn(50, dtype=torch.float64)
