@@ -1,20 +1,25 @@
 """Complete kernel-learning fits: ridge, landmark ridge, PCA, LDA and rectangular SVD.
 
 Variants share inputs, start vectors and stopping rules:
-``dense-iterative`` stores the kernel and runs the same iterative method with
-direct ATen products; ``streamed`` regenerates tiles and stores nothing n x n;
-``dense-direct`` (``--dense-direct``) is a different algorithm (Cholesky,
-augmented QR, eigh, SVD). The timed scope is source construction, fit and
-held-out prediction (SVD: the leading factors; ``--backward`` adds a mean
-squared prediction objective and the gradients of X, Y and the queries).
-Every variant must converge and agree with a float64 direct reference before
-anything is timed; failures exit nonzero.
+``stored`` keeps the kernel matrix and runs the same iterative method with
+direct ATen products; ``streamed`` computes every product as a lazytensor
+reduction and stores nothing n x n; ``direct`` (``--dense-direct``) is a
+different algorithm (Cholesky, augmented QR, eigh, SVD); ``sklearn`` is
+scikit-learn's dense estimator where one exists (``KernelRidge``,
+``Nystroem`` + ``Ridge`` on the same landmarks, ``KernelPCA``), on NumPy
+copies of the inputs, with BLAS limited to ``--threads``. The timed scope is
+source construction, fit and held-out prediction (SVD: the leading factors;
+``--backward`` adds a mean squared prediction objective and the gradients of
+X, Y and the queries). Wall and CPU seconds are both recorded. Every variant
+must converge and agree with a float64 direct reference before anything is
+timed; failures exit nonzero.
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import math
+import time
 from typing import Any, Callable
 
 import torch
@@ -23,7 +28,8 @@ from . import cli, method
 
 CASES = ("ridge", "landmark", "pca", "lda", "svd")
 REFERENCE_MAX_BYTES = 4 << 30  # largest dense kernel the float64 reference may build
-SOURCES = {"dense-iterative": "stored", "streamed": "streamed", "dense-direct": "direct"}
+VARIANTS = ("stored", "streamed", "direct", "sklearn")
+SKLEARN_CASES = ("ridge", "landmark", "pca")  # scikit-learn has no kernel LDA or kernel SVD estimator
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
@@ -44,17 +50,19 @@ def register(subparsers) -> None:
     p.add_argument("--classes", type=cli.int_at_least(2), default=4, help="LDA classes")
     p.add_argument("--components", type=cli.positive_int, default=2, help="PCA / SVD / LDA components")
     p.add_argument("--search-width", type=cli.nonneg_int, default=10)
-    p.add_argument("--rank", type=cli.positive_int, default=256, help="Nystrom preconditioner rank (ridge, LDA)")
+    p.add_argument("--rank", type=cli.positive_int, default=None,
+                   help="Nystrom preconditioner rank (ridge, LDA; default: the estimators' 'auto', 8 sqrt(n))")
     p.add_argument("--preconditioner", choices=("nystrom", "jacobi", "none"), default="nystrom",
                    help="ridge / LDA preconditioner")
     p.add_argument("--rtol", type=cli.positive_float, default=1e-7)
     p.add_argument("--atol", type=cli.nonneg_float, default=1e-9)
     p.add_argument("--chunk-size", type=cli.positive_int, default=None, help="rows per streamed tile (default: 8 MiB budget)")
-    p.add_argument("--tile-dtype", choices=("float32",), default=None, help="streamed tiles in float32")
+    p.add_argument("--tile-dtype", choices=("float32", "float64"), default=None,
+                   help="dtype of the iterations' tiles (default: the estimators', float32 for CG fits of float64 data)")
     p.add_argument("--backward", action="store_true", help="ridge/landmark: also differentiate the predictions")
     p.add_argument("--dense-direct", action="store_true", help="also time the direct dense algorithm")
-    p.add_argument("--variants", type=cli.comma_list(tuple(SOURCES)), default=["dense-iterative", "streamed"],
-                   help="comma-separated variants to time (dense-iterative, streamed, dense-direct)")
+    p.add_argument("--variants", type=cli.comma_list(VARIANTS), default=["stored", "streamed"],
+                   help="comma-separated variants to time (stored, streamed, direct, sklearn)")
     p.add_argument("--check-tol", type=cli.positive_float, default=None,
                    help="relative error allowed against the direct reference (default 1e3 * rtol, at least 1e-6)")
     p.add_argument("--repeats", type=cli.positive_int, default=5, help="timed rounds")
@@ -73,6 +81,9 @@ def _check(cfg: dict[str, Any]) -> None:
         raise cli.UsageError("--backward", f"only ridge and landmark fits are differentiated, not {case}")
     if case == "landmark" and cfg["m"] > n:
         raise cli.UsageError("--m", f"at most --n ({n}) landmarks, got {cfg['m']}")
+    if "sklearn" in cfg["variants"] and (case not in SKLEARN_CASES or cfg["backward"]):
+        why = "scikit-learn's estimators are not differentiable" if cfg["backward"] else f"scikit-learn has no {case}"
+        raise cli.UsageError("--variants", f"sklearn: {why} (sklearn variants: {', '.join(SKLEARN_CASES)}, no --backward)")
     limit = {"pca": n, "lda": cfg["classes"] - 1, "svd": min(n, cfg["m"] or n)}.get(case)
     if limit is not None and cfg["components"] > limit:
         why = {"pca": "--n", "lda": "--classes - 1", "svd": "min(--n, --m)"}[case]
@@ -87,6 +98,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
             "components", "search_width", "rank", "preconditioner", "rtol", "atol", "chunk_size", "tile_dtype",
             "backward", "seed")
     cfg = {k: getattr(args, k) for k in keys}
+    cfg["variants"] = list(dict.fromkeys(args.variants + (["direct"] if args.dense_direct else [])))
     cfg["gamma"] = cfg["gamma"] if cfg["gamma"] is not None else 1.0 / cfg["d"]
     cfg["preconditioner"] = None if cfg["preconditioner"] == "none" else cfg["preconditioner"]
     if cfg["m"] is None:
@@ -121,11 +133,14 @@ def make_data(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 def make_workload(cfg: dict[str, Any], source: str, data: dict[str, torch.Tensor]) -> Callable[[], dict]:
     """The timed scope of one variant; returns the outputs that validation compares."""
+    if source == "sklearn":
+        return _sklearn_workload(cfg, data)
     import solvers
 
     kernel = solvers.RBF(cfg["gamma"])
     tile_dtype = DTYPES.get(cfg["tile_dtype"]) if source == "streamed" else None
     common = dict(source=source, chunk_size=cfg["chunk_size"], tile_dtype=tile_dtype, random_state=cfg["seed"])
+    rank = cfg["rank"] or "auto"
     case = cfg["case"]
 
     if case in ("ridge", "landmark"):
@@ -133,7 +148,7 @@ def make_workload(cfg: dict[str, Any], source: str, data: dict[str, torch.Tensor
             X, Y, Xq = (data[k].clone().requires_grad_(cfg["backward"]) for k in ("X", "Y", "Xq"))
             if case == "ridge":
                 est = solvers.KernelRidge(kernel, cfg["regularization"], preconditioner=cfg["preconditioner"],
-                                          rank=cfg["rank"], rtol=cfg["rtol"], atol=cfg["atol"], **common)
+                                          rank=rank, rtol=cfg["rtol"], atol=cfg["atol"], **common)
             else:
                 est = solvers.LandmarkRidge(kernel, cfg["regularization"], n_landmarks=cfg["m"], rtol=cfg["rtol"],
                                             atol=cfg["atol"], **common)
@@ -152,7 +167,7 @@ def make_workload(cfg: dict[str, Any], source: str, data: dict[str, torch.Tensor
     elif case == "lda":
         def run():
             est = solvers.KernelLDA(kernel, cfg["components"], regularization=cfg["regularization"],
-                                    preconditioner=cfg["preconditioner"] and "nystrom", rank=cfg["rank"],
+                                    preconditioner=cfg["preconditioner"] and "nystrom", rank=rank,
                                     rtol=cfg["rtol"], atol=cfg["atol"], **common)
             est.fit(data["X"], data["labels"])
             return {"eigenvalues": est.eigenvalues_, "transform": est.transform(data["Xq"]), "info": est.info_}
@@ -162,6 +177,35 @@ def make_workload(cfg: dict[str, Any], source: str, data: dict[str, torch.Tensor
                                     **common).fit(data["X"], data["Y"])
             return {"singular_values": est.singular_values_, "left": est.left_vectors_,
                     "right": est.right_vectors_, "info": est.info_}
+    return run
+
+
+def _sklearn_workload(cfg: dict[str, Any], data: dict[str, torch.Tensor]) -> Callable[[], dict]:
+    """scikit-learn's dense estimator on NumPy copies of the inputs (made before timing)."""
+    from sklearn.decomposition import KernelPCA
+    from sklearn.kernel_approximation import Nystroem
+    from sklearn.kernel_ridge import KernelRidge
+    from sklearn.linear_model import Ridge
+    from threadpoolctl import threadpool_limits
+
+    arrays = {k: v.cpu().numpy() for k, v in data.items()}
+    gamma, alpha, case = cfg["gamma"], cfg["regularization"], cfg["case"]
+    if case == "landmark":  # the landmarks the solvers draw: Nystroem fitted on exactly those points
+        gen = torch.Generator().manual_seed(int(cfg["seed"]))
+        arrays["L"] = arrays["X"][torch.randperm(cfg["n"], generator=gen)[:cfg["m"]].sort().values.numpy()]
+
+    def run():
+        with threadpool_limits(torch.get_num_threads()):
+            if case == "ridge":
+                est = KernelRidge(alpha=alpha, kernel="rbf", gamma=gamma).fit(arrays["X"], arrays["Y"])
+                return {"predictions": torch.from_numpy(est.predict(arrays["Xq"])), "info": None}
+            if case == "landmark":
+                features = Nystroem(kernel="rbf", gamma=gamma, n_components=cfg["m"]).fit(arrays["L"])
+                est = Ridge(alpha=alpha, fit_intercept=False).fit(features.transform(arrays["X"]), arrays["Y"])
+                return {"predictions": torch.from_numpy(est.predict(features.transform(arrays["Xq"]))), "info": None}
+            est = KernelPCA(cfg["components"], kernel="rbf", gamma=gamma, random_state=cfg["seed"]).fit(arrays["X"])
+            return {"eigenvalues": torch.from_numpy(est.eigenvalues_.copy()), "vectors": torch.from_numpy(est.eigenvectors_),
+                    "transform": torch.from_numpy(est.transform(arrays["Xq"])), "info": None}
     return run
 
 
@@ -222,10 +266,10 @@ def run(args: argparse.Namespace) -> int:
     console = Console(width=140)
     cfg = _config(args)
     torch.set_num_threads(args.threads)
-    variants = list(dict.fromkeys(args.variants + (["dense-direct"] if args.dense_direct else [])))
+    variants = cfg["variants"]
     tol = args.check_tol if args.check_tol is not None else max(1e-6, 1e3 * args.rtol)
     record: dict[str, Any] = {"command": "ml", "config": cfg, "variants": {}, "tolerance": tol,
-                              "reference": "dense-direct in float64 on the same inputs"}
+                              "reference": "direct in float64 on the same inputs"}
     try:
         with method.kept_on_interrupt(record, args.output):
             data = make_data(cfg)
@@ -235,16 +279,17 @@ def run(args: argparse.Namespace) -> int:
             else:  # a dense reference would not fit: only the solvers' true-residual convergence is checked
                 ref = None
                 record["reference"] = "none: the dense reference would not fit in memory; convergence checked"
-            workloads, results = {}, record["variants"]
+            workloads, results, cpu_seconds = {}, record["variants"], {}
             for name in variants:
-                workloads[name] = make_workload(cfg, SOURCES[name], data)
+                workloads[name] = _cpu_timed(make_workload(cfg, name, data), cpu_seconds.setdefault(name, []))
                 out = workloads[name]()
                 errors = validate(cfg["case"], out, ref) if ref is not None else {}
                 res = results[name] = method.VariantResult(name, validation=errors, extra={
                     "info": _info_summary(out["info"]), "adjoint_info": _info_summary(out.get("adjoint_info")),
-                    "algorithm": "direct" if name == "dense-direct" else "iterative"})
+                    "algorithm": {"direct": "direct", "sklearn": "scikit-learn"}.get(name, "iterative")})
                 bad = {k: v for k, v in errors.items() if not v <= tol}
-                if not out["info"].converged or (out.get("adjoint_info") and not out["adjoint_info"].converged):
+                converged = out["info"] is None or out["info"].converged
+                if not converged or (out.get("adjoint_info") and not out["adjoint_info"].converged):
                     res.error = f"solver did not converge ({out['info'].reason})"
                 elif bad:
                     res.error = f"validation failed against the direct reference: {bad} > {tol}"
@@ -254,6 +299,8 @@ def run(args: argparse.Namespace) -> int:
             gc.collect()
             method.run_variants(workloads, repeats=args.repeats, warmup=args.warmup, device=args.device, seed=args.seed,
                                 results=results)
+            for name, samples in cpu_seconds.items():  # the timed rounds are the last calls of each variant
+                results[name].extra["cpu_s"] = method.summarize(samples[-args.repeats:])
             if not args.no_memory:
                 for name, peak in zip(results, _memory(cfg, list(results), args)):
                     results[name].peak_extra_bytes = peak
@@ -265,15 +312,26 @@ def run(args: argparse.Namespace) -> int:
     method.write_json(args.output, record)
     table = Table(title=f"ml {cfg['case']} n={cfg['n']} m={cfg['m']} d={cfg['d']} {cfg['dtype']}"
                         + (" +backward" if cfg["backward"] else ""))
-    for col in ("variant", "median s", "IQR s", "extra MiB", "iterations", "matvecs", "max rel. error"):
+    for col in ("variant", "median s", "IQR s", "median CPU s", "extra MiB", "iterations", "matvecs", "max rel. error"):
         table.add_column(col)
     for name, res in record["variants"].items():
-        info = res.extra["info"]
+        info = res.extra["info"] or {"iterations": "-", "matvecs": "-"}
         mib = "-" if res.peak_extra_bytes is None else f"{res.peak_extra_bytes / 2**20:.2f}"
-        table.add_row(name, f"{res.summary['median']:.4f}", f"{res.summary['iqr']:.4f}", mib,
-                      str(info["iterations"]), str(info["matvecs"]), f"{max(res.validation.values(), default=0):.2e}")
+        table.add_row(name, f"{res.summary['median']:.4f}", f"{res.summary['iqr']:.4f}",
+                      f"{res.extra['cpu_s']['median']:.4f}", mib, str(info["iterations"]), str(info["matvecs"]),
+                      f"{max(res.validation.values(), default=0):.2e}")
     console.print(table)
     return 0
+
+
+def _cpu_timed(workload: Callable[[], dict], samples: list[float]) -> Callable[[], dict]:
+    """The workload, appending the CPU seconds of each call (all threads) to ``samples``."""
+    def run():
+        start = time.process_time()
+        out = workload()
+        samples.append(time.process_time() - start)
+        return out
+    return run
 
 
 def _memory(cfg: dict[str, Any], variants: list[str], args: argparse.Namespace) -> list[int]:
@@ -281,10 +339,10 @@ def _memory(cfg: dict[str, Any], variants: list[str], args: argparse.Namespace) 
     if torch.device(args.device).type == "cuda":
         data, peaks = make_data(cfg), []
         for variant in variants:
-            workload = make_workload(cfg, SOURCES[variant], data)
+            workload = make_workload(cfg, variant, data)
             workload()
             peaks.append(method.measure_cuda_peak(workload, args.device)[0])
         return peaks
     return method.peak_rss_growths_in_subprocess(
-        "harness.ml:memory_workload", [{"cfg": cfg, "source": SOURCES[v]} for v in variants], threads=args.threads,
+        "harness.ml:memory_workload", [{"cfg": cfg, "source": v} for v in variants], threads=args.threads,
         warmup=args.warmup > 0)

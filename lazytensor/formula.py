@@ -494,12 +494,20 @@ class LazyTensor:
         return LazyTensor._build(ir.FeatureArgMin(ir.numeric(self.expr) * sign), self, width=1)
 
     # -- reductions -----------------------------------------------------------
-    def sum(self, dim=1, **options):
-        """Sum over j (dim=1 / "j"), over i (dim=0 / "i"), or over features (dim=-1: a formula)."""
+    def sum(self, dim=1, *, dtype_acc=None, **options):
+        """Sum over j (dim=1 / "j"), over i (dim=0 / "i"), or over features (dim=-1: a formula).
+
+        ``dtype_acc`` (e.g. ``torch.float64`` for a float32 formula): the dtype
+        the sum is formed and accumulated in, and the result's dtype.
+        """
         if self._is_feature_dim(options.get("axis", dim)):
-            _feature_options(options)
+            _feature_options(options if dtype_acc is None else {**options, "dtype_acc": dtype_acc})
             return self._contract(lambda a: a)
-        return self._reduce(lambda e, p: reductions.Sum(e, p.info, self.width), dim, options)[0]
+
+        def make(e, p):
+            return reductions.Sum(e, p.info, self.width, dtype_acc=reductions.accumulation_dtype(dtype_acc, p.dtype))
+
+        return self._reduce(make, dim, options)[0]
 
     sum_reduction = sum
 
@@ -697,7 +705,7 @@ class LazyTensor:
         """
         unknown = sorted(set(options) - set(REDUCTION_OPTIONS))
         if unknown:
-            hint = " (float64 accumulation is not available here yet)" if {"dtype_acc", "use_double_acc"} & set(unknown) else ""
+            hint = " (dtype_acc is an option of sum and K @ b)" if "dtype_acc" in unknown else ""
             raise TypeError(f"unexpected reduction option(s) {unknown}{hint}; known: {list(REDUCTION_OPTIONS)}")
         if options.get("axis") is not None:
             dim = options["axis"]

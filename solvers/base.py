@@ -1,65 +1,232 @@
-"""What every estimator shares: scikit-learn parameter handling, input checks, sources, warnings."""
+"""What every estimator shares: scikit-learn citizenship, input conversion and checks, sources, warnings.
+
+With scikit-learn installed the estimators are real scikit-learn estimators
+(``BaseEstimator`` and the regressor / classifier / transformer mixins: tags,
+``clone``, ``Pipeline``, ``GridSearchCV``), and ``NotFittedError`` /
+``ConvergenceWarning`` subclass scikit-learn's. Without it they keep the same
+conventions on their own. Inputs may be torch tensors or anything NumPy can
+read: NumPy in gives NumPy out, torch in gives torch out (with gradients).
+"""
 from __future__ import annotations
 
-import inspect
+import numbers
 import warnings
 
+import numpy as np
 import torch
 
 from .kernels import as_kernel
 from .sources import StoredKernel, StreamedKernel
 
+try:
+    from sklearn import base as _sklearn
+    from sklearn.exceptions import ConvergenceWarning as _SkConvergenceWarning
+    from sklearn.exceptions import DataConversionWarning
+    from sklearn.exceptions import NotFittedError as _SkNotFittedError
+except ImportError:  # scikit-learn is optional
+    _sklearn = None
+    DataConversionWarning = UserWarning
+
 __all__ = ["Estimator", "NotFittedError", "ConvergenceWarning", "SOURCES", "AUTO_DIRECT_MAX_N"]
 
 SOURCES = ("auto", "streamed", "stored", "direct")
+TILE_DTYPES = (None, torch.float32, torch.float64)
 
 # source="auto" picks the direct factorization up to this many training points:
 # measured with `python -m harness ml --case ridge` (docs/solvers.md), the direct
 # solve stays faster than the preconditioned streamed fit below it, and its
 # n x n matrix (<= 128 MiB in float64) is still affordable.
 AUTO_DIRECT_MAX_N = 4096
+AUTO_RANK_MAX = 2048  # the default preconditioner rank's cap (a float32 factor: 8 KiB per training point)
 
 
-class NotFittedError(ValueError, AttributeError):
-    """``predict`` / ``transform`` before ``fit``."""
+class NotFittedError(*((_SkNotFittedError,) if _sklearn else (ValueError, AttributeError))):
+    """``predict`` / ``transform`` before ``fit`` (scikit-learn's ``NotFittedError`` when installed)."""
 
 
-class ConvergenceWarning(UserWarning):
+class ConvergenceWarning(*((_SkConvergenceWarning,) if _sklearn else (UserWarning,))):
     """An iterative solve stopped before meeting its tolerance (see ``info_``)."""
 
 
-class Estimator:
+if _sklearn is not None:
+    _Base, RegressorMixin = _sklearn.BaseEstimator, _sklearn.RegressorMixin
+    ClassifierMixin, TransformerMixin = _sklearn.ClassifierMixin, _sklearn.TransformerMixin
+else:
+    import inspect
+
+    class _Base:
+        """scikit-learn's parameter conventions without scikit-learn."""
+
+        @classmethod
+        def _get_param_names(cls) -> list[str]:
+            sig = inspect.signature(cls.__init__)
+            return sorted(p.name for p in sig.parameters.values() if p.name != "self" and p.kind != p.VAR_KEYWORD)
+
+        def get_params(self, deep: bool = True) -> dict:
+            return {name: getattr(self, name) for name in self._get_param_names()}
+
+        def set_params(self, **params):
+            valid = self._get_param_names()
+            for name, value in params.items():
+                if name not in valid:
+                    raise ValueError(f"Invalid parameter {name!r} for estimator {type(self).__name__}; valid: {valid}")
+                setattr(self, name, value)
+            return self
+
+        def __repr__(self):
+            return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.get_params().items())})"
+
+    class RegressorMixin:
+        pass
+
+    class ClassifierMixin:
+        pass
+
+    class TransformerMixin:
+        def fit_transform(self, X, y=None, **fit_params):
+            return self.fit(X, y, **fit_params).transform(X)
+
+
+# ------------------------------------------------------------------ inputs
+def _floating(t: torch.Tensor, name: str) -> torch.Tensor:
+    """Floating dtypes the solvers compute in: integers and booleans -> float64, half precisions -> float32."""
+    if t.is_complex():
+        raise ValueError(f"Complex data not supported: {name} has dtype {t.dtype}")
+    if not t.is_floating_point():
+        return t.to(torch.float64)
+    if torch.finfo(t.dtype).bits < 32:
+        return t.to(torch.float32)
+    return t
+
+
+def as_tensor(X, name: str) -> tuple[torch.Tensor, bool]:
+    """``(tensor, came_from_numpy)`` for a tensor or anything NumPy reads (lists, arrays, frames)."""
+    if isinstance(X, torch.Tensor):
+        return _floating(X, name), False
+    if X is None:
+        raise ValueError(f"{name} is None; expected an array-like or a torch.Tensor")
+    if hasattr(X, "toarray") or type(X).__module__.startswith("scipy.sparse"):
+        raise TypeError(f"{name} is a sparse matrix; sparse input is not supported, pass a dense array ({name}.toarray())")
+    array = np.asarray(X)
+    if array.dtype.kind == "c":
+        raise ValueError(f"Complex data not supported: {name} has dtype {array.dtype}")
+    if array.dtype.kind not in "biuf":
+        array = array.astype(np.float64)  # object arrays of numbers; anything else raises numpy's TypeError
+    return _floating(torch.from_numpy(np.array(array, copy=True)), name), True
+
+
+def check_points(X, name: str = "X", *, estimator=None, n_features: int | None = None,
+                 dtype: torch.dtype | None = None) -> tuple[torch.Tensor, bool]:
+    """A finite floating (n, d) tensor and whether it came from NumPy, or an error naming ``name``.
+
+    With ``n_features`` / ``dtype`` (a fitted estimator's), the feature count
+    must match and the data is cast to ``dtype``.
+    """
+    X, numpy_in = as_tensor(X, name)
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D (n_samples, n_features) array, got shape {tuple(X.shape)}"
+                         + (f"; Reshape your data with {name}.reshape(-1, 1) (one feature) or {name}.reshape(1, -1) "
+                            f"(one sample)" if X.ndim == 1 else ""))
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        which = "sample" if X.shape[0] == 0 else "feature"
+        raise ValueError(f"Found {name} with 0 {which}(s) (shape={tuple(X.shape)}) while a minimum of 1 is required.")
+    if n_features is not None and X.shape[1] != n_features:
+        raise ValueError(f"{name} has {X.shape[1]} features, but {type(estimator).__name__} is expecting {n_features} "
+                         f"features as input")
+    if dtype is not None:
+        X = X.to(dtype)
+    _check_finite(X, name)
+    return X, numpy_in
+
+
+def _check_finite(t: torch.Tensor, name: str) -> None:
+    values = t.detach()
+    if bool(torch.isnan(values).any()):
+        raise ValueError(f"Input {name} contains NaN")
+    if bool(torch.isinf(values).any()):
+        raise ValueError(f"Input {name} contains infinity")
+
+
+def check_targets(Y, n: int, dtype: torch.dtype, estimator, name: str = "y") -> torch.Tensor:
+    """Targets with ``n`` rows, 1-D or 2-D, finite, cast to the inputs' dtype."""
+    if Y is None:
+        raise ValueError(f"{type(estimator).__name__} requires y to be passed, but the target y is None")
+    Y, _ = as_tensor(Y, name)
+    if Y.ndim not in (1, 2) or Y.shape[0] != n:
+        raise ValueError(f"{name} must have shape ({n},) or ({n}, n_targets) to match X, got {tuple(Y.shape)}")
+    Y = Y.to(dtype)
+    _check_finite(Y, name)
+    return Y
+
+
+def check_labels(y, n: int, name: str = "y"):
+    """Class labels (any type NumPy or torch holds): ``(classes, codes)`` with codes a long tensor."""
+    if y is None:
+        raise ValueError("this estimator requires y to be passed, but the target y is None")
+    if getattr(y, "ndim", 1) == 2 and y.shape[1] == 1:
+        warnings.warn("A column-vector y was passed when a 1d array was expected; using y.ravel()",
+                      DataConversionWarning, stacklevel=3)
+        y = y.reshape(-1)
+    if isinstance(y, torch.Tensor):
+        if y.ndim != 1 or y.shape[0] != n:
+            raise ValueError(f"{name} must be a 1-D array of {n} class labels, got shape {tuple(y.shape)}")
+        if y.is_floating_point() and not bool((y == y.round()).all()):
+            raise ValueError(f"Unknown label type: continuous; {name} must hold class labels")
+        classes, codes = torch.unique(y, return_inverse=True)
+        return classes, codes
+    array = np.asarray(y)
+    if array.ndim != 1 or array.shape[0] != n:
+        raise ValueError(f"{name} must be a 1-D array of {n} class labels, got shape {array.shape}")
+    if array.dtype.kind == "c":
+        raise ValueError("Complex data not supported")
+    if array.dtype.kind == "f" and not np.all(np.isfinite(array) & (array == np.round(array))):
+        raise ValueError(f"Unknown label type: continuous; {name} must hold class labels")
+    if array.dtype.kind == "O" and not all(isinstance(v, (str, numbers.Integral)) for v in array):
+        raise ValueError(f"Unknown label type: {name} holds objects that are neither strings nor integers")
+    classes, codes = np.unique(array, return_inverse=True)
+    return classes, torch.from_numpy(codes.reshape(-1)).long()
+
+
+def as_output(t: torch.Tensor, numpy_out: bool):
+    """NumPy in, NumPy out; torch in, torch out."""
+    return t.detach().cpu().numpy() if numpy_out else t
+
+
+def check_positive(value, name: str) -> float:
+    number = float(value.detach()) if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+    if not isinstance(number, numbers.Real) or isinstance(number, bool) or not 0 < number < float("inf"):
+        raise ValueError(f"{name} must be a finite positive number, got {value!r}")
+    return float(number)
+
+
+def check_count(value, name: str, upper: int, why: str) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 1 <= value <= upper:
+        raise ValueError(f"{name} must be an int in [1, {upper}] ({why}), got {value!r}")
+    return int(value)
+
+
+# --------------------------------------------------------------- estimators
+class Estimator(_Base):
     """Hyper-parameters live in ``__init__`` arguments; learned state in ``attr_`` names."""
 
-    @classmethod
-    def _param_names(cls) -> list[str]:
-        sig = inspect.signature(cls.__init__)
-        return [p.name for p in sig.parameters.values() if p.name != "self" and p.kind != p.VAR_KEYWORD]
-
-    def get_params(self, deep: bool = True) -> dict:
-        return {name: getattr(self, name) for name in self._param_names()}
-
-    def set_params(self, **params):
-        valid = self._param_names()
-        for name, value in params.items():
-            if name not in valid:
-                raise ValueError(f"invalid parameter {name!r} for {type(self).__name__}; valid: {valid}")
-            setattr(self, name, value)
-        return self
-
-    def __repr__(self):
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
-        return f"{type(self).__name__}({args})"
-
-    # -- checks shared by the estimators ----------------------------------
     def _check_common(self) -> None:
         if self.source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {self.source!r}")
         for name in ("rtol", "atol"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float)) and value >= 0):
+            value = getattr(self, name, None)
+            if value is not None and not (isinstance(value, numbers.Real) and value >= 0):
                 raise ValueError(f"{name} must be a non-negative number or None, got {value!r}")
         self._kernel = as_kernel(self.kernel)
+
+    def _rank(self, n: int) -> int:
+        """The Nystrom preconditioner's rank: ``rank``, or by default ``8 sqrt(n)`` (a multiple of 64, at most
+        ``AUTO_RANK_MAX``): there the preconditioner's O(n r^2) set-up and the passes it saves balance
+        (measured in docs/solvers.md)."""
+        if self.rank == "auto":
+            return min(n, AUTO_RANK_MAX, max(64, 64 * round(8 * n**0.5 / 64)))
+        if isinstance(self.rank, bool) or not isinstance(self.rank, numbers.Integral) or self.rank < 1:
+            raise ValueError(f"rank must be a positive int or 'auto', got {self.rank!r}")
+        return min(n, int(self.rank))
 
     def _rtol(self, dtype: torch.dtype) -> float:
         """Default tolerance: tight in float64, what single precision can reach in float32."""
@@ -70,17 +237,60 @@ class Estimator:
             return "direct" if n <= AUTO_DIRECT_MAX_N else "streamed"
         return self.source
 
-    def _source(self, kind: str, X: torch.Tensor, Y: torch.Tensor | None = None):
-        """The kernel matrix K(X, Y) as a streamed or a stored source."""
+    def _streamed(self, X: torch.Tensor, Y: torch.Tensor | None = None, tile_dtype=None) -> StreamedKernel:
+        return StreamedKernel(self._kernel, X, Y, chunk_size=self.chunk_size, tile_dtype=tile_dtype)
+
+    def _tile_dtype(self, dtype: torch.dtype, refined: bool) -> torch.dtype:
+        """The dtype iterations evaluate tiles in: ``tile_dtype``, or by default float32 for float64
+        data where the fit refines against exact residuals (CG fits: ``refined``), else the data's."""
+        if self.tile_dtype not in TILE_DTYPES:
+            raise ValueError(f"tile_dtype must be None, torch.float32 or torch.float64, got {self.tile_dtype!r}")
+        if self.tile_dtype is not None:
+            return self.tile_dtype if torch.finfo(self.tile_dtype).bits < torch.finfo(dtype).bits else dtype
+        return torch.float32 if refined and dtype == torch.float64 else dtype
+
+    def _sources(self, kind: str, X: torch.Tensor, Y: torch.Tensor | None = None, *, refined: bool = True):
+        """``(exact, fast)``: K(X, Y) for results and true residuals, and the CG iterations' operator
+        (float32 tiles by default for float64 data where ``refined``; the same source when nothing is cheaper)."""
+        exact = self._source(kind, X, Y)
+        tile_dtype = self._tile_dtype(X.dtype, refined=refined)
+        if kind != "streamed" or tile_dtype == X.dtype:
+            return exact, exact
+        try:
+            return exact, self._source(kind, X, Y, tile_dtype=tile_dtype)
+        except TypeError:  # a formula closing over tensors of the data's dtype has no float32 version
+            if self.tile_dtype is not None:
+                raise
+            return exact, exact
+
+    def _source(self, kind: str, X: torch.Tensor, Y: torch.Tensor | None = None, *, tile_dtype=None):
+        """The kernel matrix K(X, Y) (no gradient) as a streamed source (tiles in ``tile_dtype``,
+        sums in the data's dtype) or a stored one (always exact)."""
+        K = self._streamed(X.detach(), None if Y is None else Y.detach(), tile_dtype if kind == "streamed" else None)
         if kind == "streamed":
-            return StreamedKernel(self._kernel, X.detach(), None if Y is None else Y.detach(),
-                                  chunk_size=self.chunk_size, tile_dtype=getattr(self, "tile_dtype", None))
+            return K
         with torch.no_grad():
-            return StoredKernel(self._kernel.tile(X.detach(), X.detach() if Y is None else Y.detach()))
+            return StoredKernel(K.dense())
+
+    def _fit_points(self, X) -> torch.Tensor:
+        """Training points, checked; records ``n_features_in_`` and whether outputs are NumPy."""
+        X, self._numpy = check_points(X, "X")
+        self.n_features_in_ = X.shape[1]
+        return X
+
+    def _query_points(self, X, fitted: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        return check_points(X, "X", estimator=self, n_features=self.n_features_in_, dtype=fitted.dtype)
+
+    def _publish(self, **attrs) -> None:
+        """Learned attributes in the type of the training data (NumPy or torch); torch copies kept privately."""
+        for name, value in attrs.items():
+            setattr(self, f"_{name}", value)
+            setattr(self, f"{name}_", as_output(value, self._numpy) if isinstance(value, torch.Tensor) else value)
 
     def _check_fitted(self, attr: str) -> None:
-        if not hasattr(self, attr):
-            raise NotFittedError(f"this {type(self).__name__} is not fitted yet: call fit first")
+        if not hasattr(self, f"_{attr}"):
+            raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with appropriate "
+                                 f"arguments before using this estimator.")
 
     def _report(self, info, what: str) -> None:
         if not info.converged:
@@ -88,46 +298,12 @@ class Estimator:
                           f"{info.iterations} iterations, max residual {float(info.residuals.max()):.3g}); "
                           f"see info_", ConvergenceWarning, stacklevel=3)
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.non_deterministic = False
+        if tags.transformer_tags is not None:
+            tags.transformer_tags.preserves_dtype = ["float64", "float32"]
+        return tags
 
-def check_points(X, name: str = "X", n_features: int | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A finite floating (n, d) tensor, or a ValueError/TypeError saying what is wrong."""
-    if not isinstance(X, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(X).__name__}")
-    if not X.is_floating_point():
-        raise TypeError(f"{name} must have a floating dtype, got {X.dtype}")
-    if X.ndim != 2 or X.shape[0] == 0:
-        raise ValueError(f"{name} must be a non-empty 2-D (n_samples, n_features) tensor, got shape {tuple(X.shape)}")
-    if n_features is not None and X.shape[1] != n_features:
-        raise ValueError(f"{name} has {X.shape[1]} features but the estimator was fitted with {n_features}")
-    if dtype is not None and X.dtype != dtype:
-        raise TypeError(f"{name} has dtype {X.dtype} but the estimator was fitted with {dtype}")
-    if not bool(torch.isfinite(X.detach()).all()):
-        raise ValueError(f"{name} contains NaN or infinite values")
-    return X
-
-
-def check_targets(Y, n: int, dtype: torch.dtype, name: str = "Y") -> torch.Tensor:
-    """Targets with ``n`` rows, 1-D or 2-D, finite, in the dtype of the inputs."""
-    if not isinstance(Y, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(Y).__name__}")
-    if Y.ndim not in (1, 2) or Y.shape[0] != n:
-        raise ValueError(f"{name} must have shape ({n},) or ({n}, n_targets) to match X, got {tuple(Y.shape)}")
-    if not Y.is_floating_point():
-        Y = Y.to(dtype)
-    if Y.dtype != dtype:
-        raise TypeError(f"{name} has dtype {Y.dtype} but X has {dtype}")
-    if not bool(torch.isfinite(Y.detach()).all()):
-        raise ValueError(f"{name} contains NaN or infinite values")
-    return Y
-
-
-def check_positive(value, name: str) -> None:
-    number = float(value.detach()) if isinstance(value, torch.Tensor) else value
-    if not isinstance(number, (int, float)) or isinstance(number, bool) or not number > 0 or number == float("inf"):
-        raise ValueError(f"{name} must be a finite positive number, got {value!r}")
-
-
-def check_count(value, name: str, upper: int, why: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= upper:
-        raise ValueError(f"{name} must be an int in [1, {upper}] ({why}), got {value!r}")
-    return value
+    def _more_tags(self):  # scikit-learn < 1.6
+        return {"preserves_dtype": [np.float64, np.float32]}

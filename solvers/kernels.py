@@ -1,144 +1,94 @@
-"""Kernel functions evaluated one tile at a time.
+"""Kernels are lazytensor formulas of two points.
 
-A kernel is anything that turns a block of rows ``x (n, d)`` and a block of
-columns ``y (m, d)`` into the ``(n, m)`` tile ``k(x_i, y_j)`` with differentiable
-torch operations. That is the whole contract the sources and the implicit
-gradients rely on, so a plain callable ``f(x, y) -> (n, m)`` -- for instance a
-tile function produced by ``lazytensor`` -- is a kernel too (see :func:`as_kernel`).
+A kernel is a formula factory: called with an i-indexed ``LazyTensor`` ``x``
+and a j-indexed ``y`` it returns the formula ``k(x_i, y_j)`` (a LazyTensor of
+feature size 1). Every product, diagonal, column and gradient the sources need
+is a lazytensor reduction of that formula, so the kernels below are a few
+lines each and any user formula is a kernel too:
 
-The radial kernels below also offer ``tile_into``: the same tile written into
-a reused buffer with in-place operations, which is what the streamed products
-use when no gradient is needed (allocating a fresh tile per block dominated
-naive chunked products).
+    KernelRidge(lambda x, y: (1 + x.sqdist(y)).rsqrt(), alpha=0.1)
+    KernelRidge("exp(-0.5 * sqdist(x, y))", alpha=0.1)
+
+Gradients flow to every tensor a formula closes over (``lt.Pm(g)``), with no
+list of parameters to keep: lazytensor's reductions differentiate whatever
+the formula holds.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+import numbers
+from typing import Callable
 
 import torch
 
-__all__ = ["Kernel", "RBF", "Laplacian", "Matern", "CallableKernel", "as_kernel", "squared_distances"]
+import lazytensor as lt
+
+__all__ = ["Kernel", "RBF", "Laplacian", "Matern", "FormulaKernel", "as_kernel", "formula"]
 
 
-def squared_distances(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None,
-                      x_sq: torch.Tensor | None = None, y_sq: torch.Tensor | None = None) -> torch.Tensor:
-    """|x_i - y_j|^2 by the norm expansion (one GEMM), clamped at 0 against cancellation.
-
-    With ``out`` the result is written in place (no autograd); the squared norms
-    may be passed in when the caller reuses them across tiles.
-    """
-    x_sq = x.square().sum(-1) if x_sq is None else x_sq
-    y_sq = y.square().sum(-1) if y_sq is None else y_sq
-    if out is None:
-        d2 = torch.addmm(y_sq.unsqueeze(0), x, y.T, alpha=-2.0) + x_sq.unsqueeze(1)
-        return d2.clamp_min(0.0)
-    torch.addmm(y_sq.unsqueeze(0), x, y.T, alpha=-2.0, out=out)
-    return out.add_(x_sq.unsqueeze(1)).clamp_min_(0.0)
-
-
-def _as_parameter(value, name: str) -> torch.Tensor:
-    """Kernel hyper-parameters are tensors so that they can require grad."""
+def _check_gamma(value):
+    """A finite positive number, or a positive scalar tensor (which may require grad)."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1 or not value.is_floating_point():
-            raise ValueError(f"{name} must be a floating scalar tensor, got shape {tuple(value.shape)} "
-                             f"and dtype {value.dtype}")
-        tensor = value.reshape(())
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        tensor = torch.tensor(float(value), dtype=torch.float64)
+            raise ValueError(f"gamma must be a floating scalar tensor, got shape {tuple(value.shape)} and dtype {value.dtype}")
+        number = float(value.detach())
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        number = float(value)
     else:
-        raise TypeError(f"{name} must be a positive number or a scalar tensor, got {type(value).__name__}")
-    if not bool(torch.isfinite(tensor.detach())) or float(tensor.detach()) <= 0:
-        raise ValueError(f"{name} must be finite and positive, got {float(tensor.detach())}")
-    return tensor
+        raise TypeError(f"gamma must be a positive number or a scalar tensor, got {type(value).__name__}")
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"gamma must be finite and positive, got {number}")
+    return value
+
+
+def _dtype(x: lt.LazyTensor) -> torch.dtype:
+    return next(iter(x.variables.values())).tensor.dtype
+
+
+def _scalar(value, like: lt.LazyTensor):
+    """A Python number stays a constant (a new value reuses the compiled kernel); a tensor becomes a parameter."""
+    if isinstance(value, torch.Tensor):
+        return lt.Pm(value.reshape(1).to(_dtype(like)))
+    return float(value)
 
 
 class Kernel:
-    """Base class: ``tile(x, y)``, ``diag(x)``, ``parameters()`` and an optional fast ``tile_into``."""
+    """A formula factory: ``kernel(x, y) -> LazyTensor`` for an i-variable ``x`` and a j-variable ``y``."""
 
-    def tile(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: lt.LazyTensor, y: lt.LazyTensor) -> lt.LazyTensor:
         raise NotImplementedError
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.tile(x, y)
-
-    def diag(self, x: torch.Tensor, block: int = 256) -> torch.Tensor:
-        """k(x_i, x_i); the generic fallback takes diagonals of small square tiles."""
-        parts = [self.tile(x[i:i + block], x[i:i + block]).diagonal() for i in range(0, x.shape[0], block)]
-        return torch.cat(parts) if parts else x.new_zeros(0)
-
-    def parameters(self) -> list[torch.Tensor]:
-        """Tensors the kernel depends on; gradients flow to those that require grad."""
-        return []
-
-    def prepare(self, y: torch.Tensor):
-        """Per-source state reused by every tile against the columns ``y`` (e.g. norms)."""
-        return None
-
-    def tile_into(self, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, state=None) -> torch.Tensor:
-        """The tile written into ``out`` (no autograd). Default: evaluate and copy."""
-        return out.copy_(self.tile(x, y))
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({args})"
 
 
 class _Radial(Kernel):
-    """k(x, y) = profile(|x - y|^2): one GEMM per tile, then an elementwise profile."""
+    """k(x, y) = profile(|x - y|, gamma); lazytensor keeps the exact difference under a square root,
+    so K(x, x) is exactly 1 and distances far from the origin keep their float32 accuracy."""
 
-    def __init__(self, gamma):
-        self.gamma = _as_parameter(gamma, "gamma")
+    def __init__(self, gamma=1.0):
+        self.gamma = _check_gamma(gamma)
 
-    def parameters(self) -> list[torch.Tensor]:
-        return [self.gamma]
-
-    def _gamma_for(self, ref: torch.Tensor):
-        return self.gamma.to(ref.dtype) if self.gamma.requires_grad else float(self.gamma.detach())
-
-    def profile(self, d2: torch.Tensor, gamma) -> torch.Tensor:
+    def profile(self, d2: lt.LazyTensor, gamma) -> lt.LazyTensor:
         raise NotImplementedError
 
-    def profile_(self, d2: torch.Tensor, gamma: float) -> torch.Tensor:
-        """In-place profile for the no-grad fast path (default: out of place, copied)."""
-        return d2.copy_(self.profile(d2, gamma))
-
-    def tile(self, x, y):
-        return self.profile(squared_distances(x, y), self._gamma_for(x))
-
-    def diag(self, x):
-        return self.profile(x.new_zeros(x.shape[0]), self._gamma_for(x))
-
-    def prepare(self, y):
-        return y.square().sum(-1)
-
-    def tile_into(self, x, y, out, state=None):
-        d2 = squared_distances(x, y, out=out, y_sq=state)
-        return self.profile_(d2, float(self.gamma.detach()))
-
-    def __repr__(self):
-        return f"{type(self).__name__}(gamma={float(self.gamma):g})"
+    def __call__(self, x, y):
+        return self.profile(x.sqdist(y), _scalar(self.gamma, x))
 
 
 class RBF(_Radial):
-    """Gaussian kernel exp(-gamma |x - y|^2)."""
+    """Gaussian kernel exp(-gamma |x - y|^2) (scikit-learn's ``rbf_kernel``)."""
 
     def profile(self, d2, gamma):
-        return torch.exp(d2 * -gamma)
-
-    def profile_(self, d2, gamma):
-        return d2.mul_(-gamma).exp_()
-
-
-def _safe_distance(d2: torch.Tensor) -> torch.Tensor:
-    """sqrt with a finite gradient at 0 (the clamp passes no gradient there)."""
-    return d2.clamp_min(torch.finfo(d2.dtype).tiny).sqrt()
+        return (-gamma * d2).exp()
 
 
 class Laplacian(_Radial):
     """exp(-gamma |x - y|_2) (Euclidean; scikit-learn's ``laplacian_kernel`` uses L1)."""
 
     def profile(self, d2, gamma):
-        return torch.exp(_safe_distance(d2) * -gamma)
-
-    def profile_(self, d2, gamma):
-        return d2.sqrt_().mul_(-gamma).exp_()
+        return (-gamma * d2.sqrt()).exp()
 
 
 class Matern(_Radial):
@@ -147,62 +97,60 @@ class Matern(_Radial):
     Equals scikit-learn's ``Matern(length_scale=1 / gamma, nu=nu)``.
     """
 
-    _NUS = (0.5, 1.5, 2.5)
+    NUS = (0.5, 1.5, 2.5)
 
     def __init__(self, nu: float = 1.5, gamma=1.0):
-        if nu not in self._NUS:
-            raise ValueError(f"nu must be one of {self._NUS}, got {nu!r}")
+        if nu not in self.NUS:
+            raise ValueError(f"nu must be one of {self.NUS}, got {nu!r}")
         super().__init__(gamma)
         self.nu = float(nu)
 
     def profile(self, d2, gamma):
-        r = _safe_distance(d2) * (gamma * math.sqrt(2 * self.nu))
-        if self.nu == 0.5:
-            poly = torch.ones_like(r)
-        elif self.nu == 1.5:
-            poly = 1 + r
-        else:
-            poly = 1 + r + r.square() / 3
-        return poly * torch.exp(-r)
+        r = math.sqrt(2 * self.nu) * gamma * d2.sqrt()
+        poly = {0.5: 1.0, 1.5: 1 + r, 2.5: 1 + r + r.square() / 3}[self.nu]
+        return poly * (-r).exp()
 
     def __repr__(self):
-        return f"Matern(nu={self.nu}, gamma={float(self.gamma):g})"
+        return f"Matern(nu={self.nu}, gamma={self.gamma!r})"
 
 
-class CallableKernel(Kernel):
-    """Wraps ``fn(x_rows, y_cols) -> (n, m)``; list the tensors it closes over in ``params``.
+class FormulaKernel(Kernel):
+    """A user kernel: a callable ``k(x, y) -> LazyTensor`` or a formula string in ``x`` and ``y``."""
 
-    This is the entry point for tile functions generated elsewhere (lazytensor
-    formulas): any differentiable tile function works, and gradients with
-    respect to ``params`` are computed when they require grad.
-    """
-
-    def __init__(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 params: Sequence[torch.Tensor] = ()):
-        if not callable(fn):
-            raise TypeError(f"kernel must be callable, got {type(fn).__name__}")
+    def __init__(self, fn: Callable | str):
+        if not (callable(fn) or isinstance(fn, str)):
+            raise TypeError(f"kernel must be a Kernel, a callable k(x, y) -> LazyTensor or a formula string, "
+                            f"got {type(fn).__name__}")
         self.fn = fn
-        self.params = list(params)
 
-    def tile(self, x, y):
-        out = self.fn(x, y)
-        if not isinstance(out, torch.Tensor) or out.shape != (x.shape[0], y.shape[0]):
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(f"kernel callable must return an ({x.shape[0]}, {y.shape[0]}) tensor, got {got}")
-        return out
-
-    def parameters(self):
-        return self.params
+    def __call__(self, x, y):
+        if isinstance(self.fn, str):
+            return lt.formula(self.fn, x=x, y=y)
+        return self.fn(x, y)
 
     def __repr__(self):
-        return f"CallableKernel({getattr(self.fn, '__name__', self.fn)!r})"
+        return f"FormulaKernel({self.fn!r})"
 
 
 def as_kernel(kernel) -> Kernel:
-    """A :class:`Kernel` from a kernel object or a plain tile callable."""
-    if isinstance(kernel, Kernel):
-        return kernel
-    if callable(kernel):
-        return CallableKernel(kernel)
-    raise TypeError(f"kernel must be a solvers.Kernel or a callable f(x, y) -> (n, m) tile, "
-                    f"got {type(kernel).__name__}")
+    """A :class:`Kernel` from a kernel, a callable or a formula string."""
+    return kernel if isinstance(kernel, Kernel) else FormulaKernel(kernel)
+
+
+def formula(kernel: Kernel, x: lt.LazyTensor, y: lt.LazyTensor, dtype: torch.dtype) -> lt.LazyTensor:
+    """``kernel(x, y)``, checked: a scalar formula whose tensors all have the data's ``dtype``."""
+    try:
+        out = kernel(x, y)
+    except (TypeError, AttributeError, ValueError) as exc:
+        raise TypeError(f"kernel {kernel!r} failed on lazytensor arguments ({type(exc).__name__}: {exc}); a kernel "
+                        f"maps two LazyTensors x_i, y_j to a LazyTensor formula, e.g. "
+                        f"lambda x, y: (-0.5 * x.sqdist(y)).exp()") from exc
+    if not isinstance(out, lt.LazyTensor):
+        raise TypeError(f"kernel {kernel!r} must return a LazyTensor formula of x and y, got {type(out).__name__}")
+    if out.width != 1:
+        raise ValueError(f"kernel {kernel!r} must return a scalar formula (feature size 1), got feature size {out.width}")
+    for v in out.variables.values():
+        if not getattr(v, "follows_dtype", False) and v.tensor.dtype != dtype:
+            raise TypeError(f"kernel {kernel!r} uses a {v.tensor.dtype} tensor but the kernel is evaluated in {dtype}; "
+                            f"give the tensors it closes over the data's dtype")
+    return out

@@ -63,7 +63,7 @@ def fix_signs(vectors: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- CG
 def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: float = 1e-6, atol: float = 0.0,
-       maxiter: int | None = None):
+       maxiter: int | None = None, exact=None):
     """Solve ``A X = B`` for symmetric positive definite ``A`` and every column of ``B``.
 
     A column stops when its true residual satisfies ``||b - A x|| <= max(rtol ||b||, atol)``:
@@ -71,9 +71,14 @@ def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: floa
     with one more product and CG restarts from there for columns that are not done
     (and reports ``stagnation`` when a restart no longer helps). ``M`` is an optional
     preconditioner: a callable returning an approximation of ``A^{-1} R``.
+    ``exact`` is the operator the true residual is computed with (default ``A``):
+    with a cheaper, less accurate ``A`` (float32 tiles) each restart is a step of
+    iterative refinement, so the answer meets ``rtol`` in ``exact``'s precision;
+    if a cycle on ``A`` stalls or breaks down, the remaining cycles use ``exact``.
     Returns ``(X, info)`` with ``info.residuals`` the final true residual norms.
     """
     A = as_source(A)
+    exact = A if exact is None else as_source(exact)
     _check_tolerances(rtol, atol, maxiter)
     if not isinstance(B, torch.Tensor):
         raise TypeError(f"B must be a torch.Tensor, got {type(B).__name__}")
@@ -85,14 +90,27 @@ def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: floa
     if not torch.isfinite(B).all():
         raise ValueError("B contains NaN or infinite values")
     maxiter = maxiter or min(10 * n, 10_000)
-    precondition = M if M is not None else (lambda R: R)
+    if M is not None and not callable(M):
+        raise TypeError(f"M must be a callable R -> approximately A^-1 R, got {type(M).__name__}")
+
+    def precondition(R):
+        if M is None:
+            return R
+        Z = M(R)
+        if not isinstance(Z, torch.Tensor) or Z.shape != R.shape:
+            got = tuple(Z.shape) if isinstance(Z, torch.Tensor) else type(Z).__name__
+            raise ValueError(f"M must map a residual block of shape {tuple(R.shape)} to the same shape, got {got}")
+        return Z.to(R.dtype)
     eps = torch.finfo(A.dtype).eps
     guard = max(n, 10) * eps  # cosines below this are roundoff: the direction carries no curvature
 
     info = KrylovInfo()
+    if x0 is not None and (not isinstance(x0, torch.Tensor) or x0.shape != (B.squeeze(1).shape if vector else B.shape)):
+        got = tuple(x0.shape) if isinstance(x0, torch.Tensor) else type(x0).__name__
+        raise ValueError(f"x0 must be a tensor shaped like B {tuple(B.squeeze(1).shape if vector else B.shape)}, got {got}")
     X = torch.zeros_like(B) if x0 is None else (x0.unsqueeze(1) if vector else x0).detach().to(A.dtype).clone()
     target = torch.clamp(rtol * B.norm(dim=0), min=atol)
-    R = B - A.matmul_nograd(X) if x0 is not None else B.clone()
+    R = B - exact.matmul_nograd(X) if x0 is not None else B.clone()
     info.matvecs += x0 is not None
     true_norm = R.norm(dim=0)
     stopped = torch.zeros(B.shape[1], dtype=torch.bool, device=B.device)  # converged or broken down
@@ -110,7 +128,7 @@ def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: floa
         live = torch.arange(active.numel(), device=B.device)
         while live.numel() and info.iterations < maxiter:
             cols = active[live]
-            AP = A.matmul_nograd(P[:, live])
+            AP = _finite(A.matmul_nograd(P[:, live]), "A")
             info.matvecs += 1
             info.iterations += 1
             Pl = P[:, live]
@@ -138,11 +156,14 @@ def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: floa
             live = live[~dead]
         # Recompute the true residual of the columns that were just iterated.
         previous = true_norm[active].clone()
-        R[:, active] = B[:, active] - A.matmul_nograd(X[:, active])
+        R[:, active] = B[:, active] - exact.matmul_nograd(X[:, active])
         info.matvecs += 1
         true_norm[active] = R[:, active].norm(dim=0)
         stalled = (true_norm[active] > target[active]) & (true_norm[active] >= 0.5 * previous)
-        if info.iterations < maxiter and stalled.any():  # a whole cycle did not halve it: the precision floor
+        if A is not exact and (stalled.any() or broken.any()):  # the cheap operator's precision floor: go exact
+            A = exact
+            stopped[:], broken[:] = False, False
+        elif info.iterations < maxiter and stalled.any():  # a whole cycle did not halve it: the precision floor
             stopped[active[stalled]] = True
             reason = "stagnation"
     done = true_norm <= target
@@ -199,6 +220,13 @@ def _settle(info: KrylovInfo, residuals: torch.Tensor, tol, *, full: bool, maxit
     return info.converged or info.iterations >= maxiter
 
 
+def _finite(product: torch.Tensor, name: str) -> torch.Tensor:
+    if not bool(torch.isfinite(product).all()):
+        raise ValueError(f"the operator {name} returned NaN or infinite values; check the matrix or kernel for "
+                         f"non-finite entries")
+    return product
+
+
 def _check_rank(k, limit: int, name: str = "k") -> None:
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= limit:
         raise ValueError(f"{name} must be an int in [1, {limit}], got {k!r}")
@@ -242,7 +270,7 @@ def lanczos_eigsh(A, k: int, *, search_width: int = 10, rtol: float = 1e-8, maxi
     AQ = torch.empty_like(Q)
     block = start(p, Q)
     while True:
-        A_block = A.matmul_nograd(block)
+        A_block = _finite(A.matmul_nograd(block), "A")
         info.matvecs += 1
         info.iterations += 1
         Q, AQ = torch.cat([Q, block], 1), torch.cat([AQ, A_block], 1)
@@ -294,9 +322,9 @@ def golub_kahan_svds(A, k: int, *, search_width: int = 10, rtol: float = 1e-8, m
     AV, AtU = torch.empty_like(U), torch.empty_like(V)
     V_block = _extend(torch.randn(n, p, generator=gen, dtype=dtype).to(device), V, gen)
     while True:
-        AV_block = A.matmul_nograd(V_block)
+        AV_block = _finite(A.matmul_nograd(V_block), "A")
         U_block = _extend(AV_block[:, :min(p, m - U.shape[1])], U, gen)  # empty once U spans R^m
-        AtU_block = A.rmatmul_nograd(U_block)
+        AtU_block = _finite(A.rmatmul_nograd(U_block), "A.T")
         info.matvecs += 2
         info.iterations += 1
         V, AV = torch.cat([V, V_block], 1), torch.cat([AV, AV_block], 1)

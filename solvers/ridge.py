@@ -1,18 +1,29 @@
 """Kernel ridge regression, full and with landmarks, differentiable end to end."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from .base import Estimator, check_count, check_points, check_positive, check_targets
-from .implicit import LinearSystem, landmark_solve, ridge_solve
+from .base import (
+    Estimator,
+    RegressorMixin,
+    as_output,
+    check_count,
+    check_points,
+    check_positive,
+    check_targets,
+)
+from .implicit import implicit, requires_grad
 from .krylov import KrylovInfo, cg
-from .preconditioners import Cholesky, Jacobi, nystrom
-from .sources import FunctionOperator, StreamedKernel
+from .preconditioners import Cholesky, Jacobi, LowRankPreconditioner, pivoted_cholesky
+from .sources import FunctionOperator
 
 __all__ = ["KernelRidge", "LandmarkRidge"]
 
 PRECONDITIONERS = (None, "nystrom", "jacobi")
 NORMAL_FACTOR_MAX = 4096  # landmarks up to which the m x m normal matrix (128 MiB in float64) is factored
+NORMAL_BLOCK = 64  # identity columns per streamed pass when the landmark normal matrix is formed
 
 
 def _direct_info(residuals: torch.Tensor) -> KrylovInfo:
@@ -20,99 +31,186 @@ def _direct_info(residuals: torch.Tensor) -> KrylovInfo:
                       column_converged=torch.ones_like(residuals, dtype=torch.bool))
 
 
-def _as_alpha(alpha, dtype) -> torch.Tensor:
-    check_positive(alpha, "alpha")
-    return alpha.to(dtype).reshape(()) if isinstance(alpha, torch.Tensor) else torch.tensor(float(alpha), dtype=dtype)
+def _merge(infos: list[KrylovInfo], columns: list[torch.Tensor], width: int) -> KrylovInfo:
+    """One info for solves over groups of columns (one group per distinct alpha)."""
+    if len(infos) == 1:
+        return infos[0]
+    residuals = infos[0].residuals.new_zeros(width)
+    done = torch.zeros(width, dtype=torch.bool)
+    for info, cols in zip(infos, columns):
+        residuals[cols], done[cols] = info.residuals, info.column_converged
+    failed = [i.reason for i in infos if not i.converged]
+    return replace(infos[0], iterations=sum(i.iterations for i in infos), matvecs=sum(i.matvecs for i in infos),
+                   residuals=residuals, converged=not failed, column_converged=done,
+                   reason=failed[0] if failed else infos[0].reason)
 
 
-class _Ridge(Estimator):
-    """Fit bookkeeping shared by both ridge estimators: targets, solver settings, prediction."""
+def _alpha(alpha, targets: int, dtype) -> torch.Tensor:
+    """``alpha`` as a (targets,) tensor: one number for every target, or one per target."""
+    if isinstance(alpha, torch.Tensor) or hasattr(alpha, "__len__"):
+        values = alpha if isinstance(alpha, torch.Tensor) else torch.as_tensor(alpha, dtype=torch.float64)
+        if values.ndim > 1 or values.numel() not in (1, targets):
+            raise ValueError(f"alpha must be a positive number or one value per target ({targets}), "
+                             f"got shape {tuple(values.shape)}")
+        if not values.is_floating_point():
+            values = values.to(torch.float64)
+        detached = values.detach()
+        if not bool(((detached > 0) & torch.isfinite(detached)).all()):
+            raise ValueError(f"alpha must be finite and positive, got {alpha!r}")
+        return values.to(dtype).reshape(-1).expand(targets)
+    return torch.full((targets,), check_positive(alpha, "alpha"), dtype=dtype)
 
-    def _targets(self, X, Y):
-        Y = check_targets(Y, X.shape[0], X.dtype)
+
+def _groups(alpha: torch.Tensor) -> list[tuple[float, torch.Tensor]]:
+    """Targets sharing an alpha share a solve: (alpha, column indices) per distinct value."""
+    values = alpha.detach().cpu()
+    return [(float(a), (values == a).nonzero().squeeze(1)) for a in torch.unique(values)]
+
+
+class _Ridge(RegressorMixin, Estimator):
+    """Fit bookkeeping shared by both ridge estimators: targets, grouped solves, prediction, score."""
+
+    def _targets(self, X, y):
+        Y = check_targets(y, X.shape[0], X.dtype, self)
         self._vector_targets = Y.ndim == 1
         return Y.reshape(X.shape[0], -1)
 
-    def _system(self, operator, kernel, preconditioner, rtol) -> LinearSystem:
-        def solve(R):
-            return cg(operator, R, M=preconditioner, rtol=rtol, atol=self.atol, maxiter=self.maxiter)
+    def _solve(self, Y: torch.Tensor, alpha: torch.Tensor, make_solver):
+        """Solve every group of targets sharing an alpha; returns the solution, the info and the adjoint solve.
 
-        def on_adjoint(info):
-            self.adjoint_info_ = info
-            self._report(info, "the adjoint solve of the backward pass")
+        ``make_solver(a)`` returns ``solve(R) -> (X, info)`` for shift ``a``.
+        """
+        groups = [(cols, make_solver(a)) for a, cols in _groups(alpha)]
+        coef, infos = torch.empty_like(Y), []
+        for cols, solve in groups:
+            coef[:, cols], info = solve(Y[:, cols].contiguous())
+            infos.append(info)
 
-        return LinearSystem(kernel, solve, chunk_size=self.chunk_size, on_adjoint=on_adjoint)
+        def adjoint(G):
+            lam, adjoint_infos = torch.empty_like(G), []
+            for cols, solve in groups:
+                lam[:, cols], info = solve(G[:, cols].contiguous())
+                adjoint_infos.append(info)
+            self.adjoint_info_ = _merge(adjoint_infos, [c for c, _ in groups], G.shape[1])
+            self._report(self.adjoint_info_, "the adjoint solve of the backward pass")
+            return lam
 
-    def _predict(self, X, centres: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
-        X = check_points(X, "X", n_features=centres.shape[1], dtype=centres.dtype)
-        if self.source_ == "streamed":
-            out = StreamedKernel(self._kernel, X, centres, chunk_size=self.chunk_size) @ coef
-        else:
-            out = self._kernel.tile(X, centres) @ coef
-        return out.squeeze(1) if self._vector_targets else out
+        return coef, _merge(infos, [c for c, _ in groups], Y.shape[1]), adjoint
+
+    def _cg(self, operator, preconditioner, rtol, exact=None):
+        return lambda R: cg(operator, R, M=preconditioner, rtol=rtol, atol=self.atol, maxiter=self.maxiter, exact=exact)
+
+    def _predict_with(self, X, centres: torch.Tensor, coef: torch.Tensor):
+        X, numpy_out = self._query_points(X, centres)
+        out = self._streamed(X, centres) @ coef
+        return as_output(out.squeeze(1) if self._vector_targets else out, numpy_out)
+
+    def score(self, X, y) -> float:
+        """R^2 of the predictions, averaged over targets (scikit-learn's ``r2_score``)."""
+        pred = self.predict(X)
+        pred = pred if isinstance(pred, torch.Tensor) else torch.from_numpy(pred)
+        Y = check_targets(y, pred.shape[0], pred.dtype, self).reshape(pred.shape[0], -1).detach()
+        pred = pred.detach().reshape(Y.shape)
+        residual = (Y - pred).square().sum(0)
+        total = (Y - Y.mean(0)).square().sum(0)
+        r2 = torch.where(total > 0, 1 - residual / torch.where(total > 0, total, 1), (residual == 0).to(Y.dtype))
+        return float(r2.mean())
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        return tags
+
+    def _more_tags(self):  # scikit-learn < 1.6
+        return {**super()._more_tags(), "multioutput": True}
 
 
 class KernelRidge(_Ridge):
-    """Kernel ridge regression: ``(K + alpha I) dual_coef_ = Y``, ``predict(x) = K(x, X) dual_coef_``.
+    """Kernel ridge regression: ``(K + alpha I) dual_coef_ = y``, ``predict(x) = K(x, X) dual_coef_``.
 
-    ``source``: ``"streamed"`` (tiles regenerated per product, nothing n x n
-    stored), ``"stored"`` (kernel matrix kept, same CG), ``"direct"`` (Cholesky)
-    or ``"auto"`` (direct up to ``AUTO_DIRECT_MAX_N`` points). The iterative fit is
-    block CG with a rank-``rank`` Nystrom (or Jacobi) preconditioner. Fit and
-    predictions are differentiable with respect to ``X``, ``Y``, query points,
-    ``alpha`` (when a tensor) and kernel parameters (implicit differentiation).
+    ``kernel``: ``RBF``, ``Laplacian``, ``Matern``, any ``k(x, y) -> LazyTensor``
+    or a formula string. ``alpha``: a positive number or one per target.
+    ``source``: ``"streamed"`` (each product a lazytensor sum, nothing n x n
+    stored), ``"stored"`` (kernel matrix kept, same CG), ``"direct"``
+    (Cholesky) or ``"auto"`` (direct up to ``AUTO_DIRECT_MAX_N`` points). The
+    iterative fit is block CG with a rank-``rank`` Nystrom preconditioner from
+    randomly pivoted Cholesky (or Jacobi). Fit and predictions are
+    differentiable with respect to ``X``, ``y``, query points, ``alpha`` (when
+    a tensor) and every tensor the kernel formula closes over (implicit
+    differentiation: one adjoint solve).
     """
 
-    def __init__(self, kernel, alpha=1.0, *, source="auto", preconditioner="nystrom", rank=256, rtol=None,
+    def __init__(self, kernel, alpha=1.0, *, source="auto", preconditioner="nystrom", rank="auto", rtol=None,
                  atol=0.0, maxiter=None, chunk_size=None, tile_dtype=None, random_state=0):
         self.kernel, self.alpha, self.source, self.preconditioner, self.rank = kernel, alpha, source, preconditioner, rank
         self.rtol, self.atol, self.maxiter, self.chunk_size = rtol, atol, maxiter, chunk_size
         self.tile_dtype, self.random_state = tile_dtype, random_state
 
-    def fit(self, X, Y):
+    def fit(self, X, y):
         self._check_common()
         if self.preconditioner not in PRECONDITIONERS:
             raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {self.preconditioner!r}")
-        X = check_points(X)
-        Y = self._targets(X, Y)
-        alpha = _as_alpha(self.alpha, X.dtype)
+        X = self._fit_points(X)
+        Y = self._targets(X, y)
+        alpha = _alpha(self.alpha, Y.shape[1], X.dtype)
         n = X.shape[0]
         self.source_ = self._resolve_source(n)
         if self.source_ == "direct":
-            A = self._kernel.tile(X, X) + alpha * torch.eye(n, dtype=X.dtype, device=X.device)
-            coef = torch.cholesky_solve(Y, torch.linalg.cholesky(A))
-            info = _direct_info((Y - A @ coef).norm(dim=0))
+            K = self._source("stored", X).matrix
+
+            def make_solver(a):
+                chol = torch.linalg.cholesky(K + a * torch.eye(n, dtype=X.dtype, device=X.device))
+
+                def solve(R):
+                    out = torch.cholesky_solve(R, chol)
+                    return out, _direct_info((R - K @ out - a * out).norm(dim=0))
+                return solve
         else:
-            K = self._source(self.source_, X)
-            a = float(alpha.detach())
-            operator = FunctionOperator(K.shape, K.dtype, K.device, lambda V: K.matmul_nograd(V) + a * V)
+            K, fast = self._sources(self.source_, X)
+            low_rank = None
             if self.preconditioner == "nystrom":
-                precondition = nystrom(K, min(self.rank, n), a, self.random_state)
-            elif self.preconditioner == "jacobi":
-                precondition = Jacobi(K.diag(), a)
-            else:
-                precondition = None
-            system = self._system(operator, self._kernel, precondition, self._rtol(X.dtype))
-            coef, info = ridge_solve(system, X, Y, alpha)
-        self.X_fit_, self.dual_coef_, self.info_ = X, coef, info
+                smallest = float(alpha.detach().min())
+                factor = pivoted_cholesky(fast, self._rank(n), tolerance=smallest, random_state=self.random_state,
+                                          dtype=getattr(fast, "tile_dtype", X.dtype))
+                low_rank = LowRankPreconditioner(factor, smallest)
+            diag = K.diag() if self.preconditioner == "jacobi" else None
+
+            def make_solver(a):
+                def shifted(source):
+                    return FunctionOperator(K.shape, K.dtype, K.device, lambda V: source.matmul_nograd(V) + a * V)
+
+                M = low_rank.with_shift(a) if low_rank is not None else Jacobi(diag, a) if diag is not None else None
+                return self._cg(shifted(fast), M, self._rtol(X.dtype), exact=shifted(K))
+
+        with torch.no_grad():
+            coef, info, adjoint = self._solve(Y.detach(), alpha, make_solver)
+
+        def residual(c):  # y - (K + alpha I) c, differentiable in X, y, alpha and the kernel's tensors
+            return Y - self._streamed(X) @ c - alpha * c
+
+        differentiable = requires_grad(X, Y, alpha, self._streamed(X).K)
+        coef = implicit(coef, residual, adjoint, differentiable)
+        self._publish(X_fit=X, dual_coef=coef.squeeze(1) if self._vector_targets else coef)
+        self.info_ = info
         self._report(info, "the fit")
         return self
 
-    def predict(self, X) -> torch.Tensor:
-        self._check_fitted("dual_coef_")
-        return self._predict(X, self.X_fit_, self.dual_coef_)
+    def predict(self, X):
+        self._check_fitted("dual_coef")
+        coef = self._dual_coef.unsqueeze(1) if self._vector_targets else self._dual_coef
+        return self._predict_with(X, self._X_fit, coef)
 
 
 class LandmarkRidge(_Ridge):
-    """Ridge regression on landmark features: ``(K_nm^T K_nm + alpha K_mm) coef_ = K_nm^T Y``.
+    """Ridge regression on landmark features: ``(K_nm^T K_nm + alpha K_mm) coef_ = K_nm^T y``.
 
-    Landmarks are given (``landmarks``, an (m, d) tensor) or drawn as
+    Landmarks are given (``landmarks``, an (m, d) array) or drawn as
     ``n_landmarks`` distinct training points (default ``min(n, 256)``,
     reproducible through ``random_state``). ``predict(x) = K(x, landmarks_) coef_``.
-    The iterative fit runs CG on the m x m normal equations, each product one
-    streamed pass over the n x m tiles (``K_nm^T (K_nm v)`` from the same tile);
-    ``source="direct"`` solves the augmented least-squares problem by QR.
-    Differentiable like :class:`KernelRidge` (and in the landmarks).
+    The iterative fit runs CG on the m x m normal equations (each product a
+    streamed ``K_nm`` and ``K_nm^T`` pass), preconditioned by the factored
+    normal matrix; ``source="direct"`` solves the augmented least-squares
+    problem by QR. Differentiable like :class:`KernelRidge` (and in the landmarks).
     """
 
     def __init__(self, kernel, alpha=1.0, *, n_landmarks=None, landmarks=None, source="auto", rtol=None,
@@ -126,58 +224,80 @@ class LandmarkRidge(_Ridge):
         if self.landmarks is not None:
             if self.n_landmarks is not None:
                 raise ValueError("give either landmarks or n_landmarks, not both")
-            return check_points(self.landmarks, "landmarks", n_features=X.shape[1], dtype=X.dtype)
+            return check_points(self.landmarks, "landmarks", estimator=self, n_features=X.shape[1], dtype=X.dtype)[0]
         m = check_count(self.n_landmarks if self.n_landmarks is not None else min(n, 256), "n_landmarks", n,
                         "at most the number of training points")
         gen = torch.Generator().manual_seed(int(self.random_state))
         idx = torch.randperm(n, generator=gen)[:m].sort().values.to(X.device)
         return X[idx]
 
-    def fit(self, X, Y):
+    def fit(self, X, y):
         self._check_common()
-        X = check_points(X)
-        Y = self._targets(X, Y)
-        alpha = _as_alpha(self.alpha, X.dtype)
+        X = self._fit_points(X)
+        Y = self._targets(X, y)
+        alpha = _alpha(self.alpha, Y.shape[1], X.dtype)
         L = self._choose_landmarks(X)
         m = L.shape[0]
         self.source_ = self._resolve_source(X.shape[0])
-        if self.source_ == "direct":
-            # min ||K_nm c - Y||^2 + alpha ||R c||^2 with K_mm = R^T R, by QR of the stacked matrix.
-            K_nm, K_mm = self._kernel.tile(X, L), self._kernel.tile(L, L)
-            jitter = m * torch.finfo(X.dtype).eps * K_mm.diagonal().abs().max().detach()
-            R = torch.linalg.cholesky(K_mm + jitter * torch.eye(m, dtype=X.dtype, device=X.device)).mT
-            Q, T = torch.linalg.qr(torch.cat([K_nm, alpha.sqrt() * R]))
-            coef = torch.linalg.solve_triangular(T, Q.T @ torch.cat([Y, Y.new_zeros(m, Y.shape[1])]), upper=True)
-            info = _direct_info((K_nm.T @ (Y - K_nm @ coef) - alpha * (K_mm @ coef)).norm(dim=0))
-        else:
-            K_nm, K_mm = self._source(self.source_, X, L), self._source(self.source_, L)
-            a = float(alpha.detach())
-            operator = FunctionOperator((m, m), X.dtype, X.device,
-                                        lambda V: K_nm.gram(V) + a * K_mm.matmul_nograd(V))
-            system = self._system(operator, self._kernel, self._normal_factor(operator), self._rtol(X.dtype))
-            coef, info = landmark_solve(system, K_nm.rmatmul_nograd(Y.detach()), X, L, Y, alpha)
-        self.landmarks_, self.coef_, self.info_ = L, coef, info
+        (K_nm, fast_nm), (K_mm, fast_mm) = self._sources(self.source_, X, L), self._sources(self.source_, L)
+        eye = torch.eye(m, dtype=X.dtype, device=X.device)
+        with torch.no_grad():
+            rhs = K_nm.rmatmul_nograd(Y.detach())
+            if self.source_ == "direct":
+                # min ||K_nm c - y||^2 + alpha ||R c||^2 with K_mm = R^T R, by QR of the stacked matrix.
+                Kmm = K_mm.matrix
+                jitter = m * torch.finfo(X.dtype).eps * Kmm.diagonal().abs().max()
+                R = torch.linalg.cholesky(Kmm + jitter * eye).mT
+
+                def make_solver(a):
+                    T = torch.linalg.qr(torch.cat([K_nm.matrix, a ** 0.5 * R]), mode="r")[1]
+
+                    def solve(G):  # (T^T T)^{-1} G
+                        out = torch.cholesky_solve(G, T.mT)
+                        return out, _direct_info((G - K_nm.gram(out) - a * (Kmm @ out)).norm(dim=0))
+                    return solve
+            else:
+                gram = self._normal_gram(fast_nm) if m <= NORMAL_FACTOR_MAX else None
+                Kmm = fast_mm.matmul_nograd(eye) if gram is not None else None
+
+                def make_solver(a):  # the normal matrix (float32 tiles by default) preconditions exact products
+                    operator = FunctionOperator((m, m), X.dtype, X.device, lambda V: K_nm.gram(V) + a * K_mm.matmul_nograd(V))
+                    return self._cg(operator, self._normal_factor(gram, Kmm, a), self._rtol(X.dtype))
+
+            coef, info, adjoint = self._solve(rhs, alpha, make_solver)
+
+        def residual(c):  # K_nm^T (y - K_nm c) - alpha K_mm c, differentiable
+            K_nm, K_mm = self._streamed(X, L), self._streamed(L)
+            return K_nm.T @ (Y - K_nm @ c) - alpha * (K_mm @ c)
+
+        differentiable = requires_grad(X, Y, L, alpha, self._streamed(X, L).K)
+        coef = implicit(coef, residual, adjoint, differentiable)
+        self._publish(landmarks=L, coef=coef.squeeze(1) if self._vector_targets else coef)
+        self.info_ = info
         self._report(info, "the fit")
         return self
 
     @staticmethod
-    def _normal_factor(operator) -> Cholesky | None:
-        """The m x m normal matrix, formed in one streamed pass, factored as CG's preconditioner.
+    def _normal_gram(K_nm) -> torch.Tensor:
+        """``K_nm^T K_nm`` from streamed passes over ``NORMAL_BLOCK`` identity columns at a time (no n x m matrix)."""
+        m = K_nm.shape[1]
+        eye = torch.eye(m, dtype=K_nm.dtype, device=K_nm.device)
+        return torch.cat([K_nm.gram(eye[:, s:s + NORMAL_BLOCK]) for s in range(0, m, NORMAL_BLOCK)], 1)
 
-        It makes CG converge in one or two iterations (unpreconditioned, the
-        squared conditioning of K_nm took ~800 at n=2048, m=256). Above
-        ``NORMAL_FACTOR_MAX`` landmarks, or if roundoff defeats the factorization,
-        CG runs without it.
-        """
-        m = operator.shape[0]
-        if m > NORMAL_FACTOR_MAX:
+    @staticmethod
+    def _normal_factor(gram, Kmm, a) -> Cholesky | None:
+        """The m x m normal matrix factored as CG's preconditioner (CG then stops after one or two
+        iterations; unpreconditioned, the squared conditioning of K_nm took ~800 at n=2048, m=256).
+        Above ``NORMAL_FACTOR_MAX`` landmarks, or if roundoff defeats the factorization, CG runs without it."""
+        if gram is None:
             return None
-        normal = operator.matmul_nograd(torch.eye(m, dtype=operator.dtype, device=operator.device))
+        normal = gram + a * Kmm
         try:
             return Cholesky((normal + normal.T) / 2)
         except torch.linalg.LinAlgError:
             return None
 
-    def predict(self, X) -> torch.Tensor:
-        self._check_fitted("coef_")
-        return self._predict(X, self.landmarks_, self.coef_)
+    def predict(self, X):
+        self._check_fitted("coef")
+        coef = self._coef.unsqueeze(1) if self._vector_targets else self._coef
+        return self._predict_with(X, self._landmarks, coef)

@@ -2,19 +2,29 @@
 
 A source answers ``A @ V``, ``A.T @ U``, ``diag()``, ``columns(idx)`` and
 ``gram(V) = A^T (A V)``, plus ``shape``, ``dtype`` and ``device``.
-:class:`StreamedKernel` never stores its matrix: it regenerates row-block tiles
-from the kernel and the points on every product, feeding all columns of ``V``
-from one pass over the tiles into one reused buffer. :class:`StoredKernel`
-wraps an explicit matrix and uses direct ATen products.
+:class:`StreamedKernel` never stores its matrix: every product is one
+lazytensor reduction of the kernel formula (``K @ V`` a sum over j,
+``K.T @ U`` a sum over i), streamed tile by tile with all columns of ``V`` at
+once, and differentiable through lazytensor's streamed backward.
+:class:`StoredKernel` wraps an explicit matrix and uses direct ATen products.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .kernels import as_kernel
-from .tiling import kernel_matmul, row_blocks, rows_per_block
+import lazytensor as lt
+from lazytensor.engine import check_chunk_size
+
+from .kernels import as_kernel, formula
 
 __all__ = ["Source", "StreamedKernel", "StoredKernel", "FunctionOperator", "as_source"]
+
+# Dense blocks of a kernel (columns, stored and direct matrices) are identity
+# products over this many columns at a time, batched: exact, and it costs
+# n * m * COLUMN_BLOCK multiply-adds next to the n * m kernel entries.
+COLUMN_BLOCK = 32
 
 
 def _check_points(t, name: str) -> torch.Tensor:
@@ -26,7 +36,7 @@ def _check_points(t, name: str) -> torch.Tensor:
 
 
 class Source:
-    """Common operator surface; subclasses implement the no-grad products."""
+    """Common operator surface; subclasses implement ``matmul`` and ``rmatmul`` on 2-D operands."""
 
     shape: tuple[int, int]
     dtype: torch.dtype
@@ -47,28 +57,31 @@ class Source:
         out = self.matmul(V2)
         return out.squeeze(1) if vector else out
 
-    def matmul(self, V: torch.Tensor) -> torch.Tensor:
-        return self.matmul_nograd(V)
-
-    def rmatmul(self, U: torch.Tensor) -> torch.Tensor:
-        """``A.T @ U`` for a 2-D ``U``."""
-        U2, vector = self._operand(U, self.shape[0], "U")
-        out = self.rmatmul_nograd(U2)
-        return out.squeeze(1) if vector else out
-
     @property
     def T(self) -> "Source":
         return _Transposed(self)
 
-    def matmul_nograd(self, V: torch.Tensor) -> torch.Tensor:
+    def matmul(self, V: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def rmatmul(self, U: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def matmul_nograd(self, V: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.matmul(V.detach())
 
     def rmatmul_nograd(self, U: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        with torch.no_grad():
+            return self.rmatmul(U.detach())
 
     def gram(self, V: torch.Tensor) -> torch.Tensor:
-        """``A^T (A V)``."""
+        """``A^T (A V)`` (no gradient)."""
         return self.rmatmul_nograd(self.matmul_nograd(V))
+
+    def squared_row_norms(self) -> torch.Tensor:
+        """``sum_j A[i, j]^2`` (no gradient)."""
+        raise NotImplementedError
 
 
 class _Transposed(Source):
@@ -77,11 +90,11 @@ class _Transposed(Source):
         self.shape = (base.shape[1], base.shape[0])
         self.dtype, self.device = base.dtype, base.device
 
-    def matmul_nograd(self, V):
-        return self.base.rmatmul_nograd(V)
+    def matmul(self, V):
+        return self.base.rmatmul(V)
 
-    def rmatmul_nograd(self, U):
-        return self.base.matmul_nograd(U)
+    def rmatmul(self, U):
+        return self.base.matmul(U)
 
     @property
     def T(self):
@@ -103,10 +116,7 @@ class StoredKernel(Source):
     def matmul(self, V):
         return self.matrix @ V
 
-    def matmul_nograd(self, V):
-        return self.matrix @ V
-
-    def rmatmul_nograd(self, U):
+    def rmatmul(self, U):
         return self.matrix.T @ U
 
     def diag(self) -> torch.Tensor:
@@ -115,19 +125,25 @@ class StoredKernel(Source):
     def columns(self, idx: torch.Tensor) -> torch.Tensor:
         return self.matrix[:, idx]
 
+    def squared_row_norms(self) -> torch.Tensor:
+        return self.matrix.square().sum(1)
+
 
 class StreamedKernel(Source):
-    """The kernel matrix ``K[i, j] = kernel(X[i], Y[j])`` generated tile by tile.
+    """The kernel matrix ``K[i, j] = kernel(X[i], Y[j])``, never stored: each product is a lazytensor sum.
 
-    ``chunk_size`` is the number of rows per tile (default: an 8 MiB budget).
-    ``tile_dtype=torch.float32`` evaluates tiles in single precision and
-    accumulates the products in the dtype of ``X`` (faster exp, but about 1e-7
-    relative error in each entry: use it where the solve tolerance allows).
-    Products are differentiable with respect to ``X``, ``Y``, ``V`` and the
-    kernel parameters (the backward pass streams too).
+    ``kernel`` is a formula factory (``RBF``, ``Laplacian``, ``Matern``), any
+    callable ``k(x, y) -> LazyTensor`` or a formula string in ``x`` and ``y``.
+    ``chunk_size`` is lazytensor's tile size (rows, or (rows, cols); default:
+    from its memory budget). ``tile_dtype=torch.float32`` evaluates the
+    formula in single precision and accumulates every sum in the dtype of
+    ``X`` (lazytensor's ``dtype_acc``): faster elementwise work, about 1e-7
+    relative error per entry. Products are differentiable with respect to
+    ``X``, ``Y``, ``V`` and every tensor the kernel formula closes over; the
+    backward pass is lazytensor's, streamed too.
     """
 
-    def __init__(self, kernel, X: torch.Tensor, Y: torch.Tensor | None = None, chunk_size: int | None = None,
+    def __init__(self, kernel, X: torch.Tensor, Y: torch.Tensor | None = None, chunk_size=None,
                  tile_dtype: torch.dtype | None = None):
         self.kernel = as_kernel(kernel)
         self.X = _check_points(X, "X")
@@ -138,89 +154,67 @@ class StreamedKernel(Source):
                              f"Y {tuple(self.Y.shape)} {self.Y.dtype}")
         if tile_dtype not in (None, self.X.dtype, torch.float32):
             raise ValueError(f"tile_dtype must be None or torch.float32, got {tile_dtype}")
+        check_chunk_size(chunk_size)
+        self.chunk_size = chunk_size
         self.tile_dtype = tile_dtype or self.X.dtype
+        self.dtype_acc = None if self.tile_dtype == self.X.dtype else self.X.dtype
         self.shape = (self.X.shape[0], self.Y.shape[0])
         self.dtype, self.device = self.X.dtype, self.X.device
-        self.chunk_size = rows_per_block(self.shape[1], torch.finfo(self.tile_dtype).bits // 8, chunk_size)
-        self._buffers: dict[str, torch.Tensor] = {}
-        self._tile_points = None
+        self.K = self.formula(self.X, self.Y)  # built once (a bad kernel fails here, with its name); products reuse it
 
-    # -- tile generation -------------------------------------------------
-    def _points(self):
-        """Points in the tile dtype and the kernel's per-column state, built once."""
-        if self._tile_points is None:
-            with torch.no_grad():
-                X = self.X.detach().to(self.tile_dtype)
-                Y = X if self.symmetric else self.Y.detach().to(self.tile_dtype)
-                self._tile_points = (X, Y, self.kernel.prepare(Y))
-        return self._tile_points
+    def formula(self, X: torch.Tensor, Y: torch.Tensor) -> lt.LazyTensor:
+        """The kernel formula on rows ``X`` (i) and columns ``Y`` (j), in the tile dtype."""
+        return formula(self.kernel, lt.Vi(X.to(self.tile_dtype)), lt.Vj(Y.to(self.tile_dtype)), self.tile_dtype)
 
-    def _buffer(self, name: str, rows: int, dtype: torch.dtype) -> torch.Tensor:
-        buf = self._buffers.get(name)
-        if buf is None or buf.shape[0] < rows or buf.dtype != dtype:
-            buf = torch.empty(rows, self.shape[1], dtype=dtype, device=self.device)
-            self._buffers[name] = buf
-        return buf[:rows]
+    def _sum(self, terms: lt.LazyTensor, dim: int) -> torch.Tensor:
+        return terms.sum(dim, chunk_size=self.chunk_size, dtype_acc=self.dtype_acc)
 
-    def tiles(self):
-        """Yield ``(row_slice, tile)``; the tile lives in a reused buffer, in the source dtype."""
-        X, Y, state = self._points()
-        with torch.no_grad():
-            for sl in row_blocks(self.shape[0], self.chunk_size):
-                rows = sl.stop - sl.start
-                tile = self.kernel.tile_into(X[sl], Y, self._buffer("tile", rows, self.tile_dtype), state)
-                if self.tile_dtype != self.dtype:
-                    tile = self._buffer("wide", rows, self.dtype).copy_(tile)
-                yield sl, tile
-
-    # -- products --------------------------------------------------------
     def matmul(self, V):
-        needs_grad = torch.is_grad_enabled() and (
-            V.requires_grad or self.X.requires_grad or self.Y.requires_grad
-            or any(p.requires_grad for p in self.kernel.parameters()))
-        return kernel_matmul(self, V) if needs_grad else self.matmul_nograd(V)
+        """``K @ V`` (2-D ``V``): a sum over j, differentiable."""
+        return self._sum(self.K * lt.Vj(V.to(self.tile_dtype)), 1)
 
-    def matmul_nograd(self, V):
-        V = V.detach()
-        out = torch.empty(self.shape[0], V.shape[1], dtype=self.dtype, device=self.device)
-        for sl, tile in self.tiles():
-            torch.mm(tile, V, out=out[sl])
-        return out
-
-    def rmatmul_nograd(self, U):
-        U = U.detach()
-        out = torch.zeros(self.shape[1], U.shape[1], dtype=self.dtype, device=self.device)
-        for sl, tile in self.tiles():
-            out.addmm_(tile.T, U[sl])
-        return out
-
-    def gram(self, V):
-        """``K^T (K V)`` in one pass: each tile feeds both products."""
-        V = V.detach()
-        out = torch.zeros(self.shape[1], V.shape[1], dtype=self.dtype, device=self.device)
-        for _, tile in self.tiles():
-            out.addmm_(tile.T, tile @ V)
-        return out
+    def rmatmul(self, U):
+        """``K.T @ U`` (2-D ``U``): a sum over i, differentiable."""
+        return self._sum(self.K * lt.Vi(U.to(self.tile_dtype)), 0)
 
     def diag(self) -> torch.Tensor:
+        """k(x_i, x_i): the formula on one variable twice (sympy folds radial kernels to exactly 1)."""
         if not self.symmetric:
             raise ValueError("diag() needs a square kernel source (Y=None)")
         with torch.no_grad():
-            return self.kernel.diag(self.X.detach()).to(self.dtype)
+            x = lt.Vi(self.X.detach().to(self.tile_dtype))
+            one = lt.Vj(torch.ones(1, 1, dtype=self.tile_dtype, device=self.device))
+            values = (formula(self.kernel, x, x, self.tile_dtype) * one).sum(1, dtype_acc=self.dtype_acc)
+        return values.squeeze(1)
+
+    def squared_row_norms(self) -> torch.Tensor:
+        with torch.no_grad():
+            return self._sum(self.K.square(), 1).squeeze(1)
+
+    def block(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+        """The dense block ``K(X, Y)`` (differentiable), as identity products over column blocks.
+
+        Columns are grouped ``COLUMN_BLOCK`` at a time into a batch, so one
+        lazytensor sum returns every block: ``sum_j K[i, j] E[j, c]`` with
+        ``E`` the identity is exact.
+        """
+        m, d = Y.shape
+        width = min(m, COLUMN_BLOCK)
+        batches = math.ceil(m / width)
+        padded = torch.cat([Y, Y[:1].expand(batches * width - m, d)]) if batches * width > m else Y
+        eye = torch.eye(width, dtype=self.tile_dtype, device=self.device)
+        terms = self.formula(X, padded.reshape(batches, width, d)) * lt.Vj(eye)
+        out = self._sum(terms, 1)  # (batches, n, width)
+        return out.permute(1, 0, 2).reshape(X.shape[0], batches * width)[:, :m]
 
     def columns(self, idx: torch.Tensor) -> torch.Tensor:
-        """``K[:, idx]`` (n x len(idx)), computed exactly in the source dtype."""
+        """``K[:, idx]`` (n x len(idx)), no gradient."""
         with torch.no_grad():
-            cols = self.Y.detach()[idx]
-            out = torch.empty(self.shape[0], cols.shape[0], dtype=self.dtype, device=self.device)
-            state = self.kernel.prepare(cols)
-            for sl in row_blocks(self.shape[0], rows_per_block(cols.shape[0], self.X.element_size())):
-                self.kernel.tile_into(self.X.detach()[sl], cols, out[sl], state)
-            return out
+            return self.block(self.X.detach(), self.Y.detach()[idx])
 
     def dense(self) -> torch.Tensor:
-        """The full matrix (for references and small problems only)."""
-        return self.kernel.tile(self.X, self.Y)
+        """The full matrix (for stored and direct fits, and references: n x m memory), differentiable."""
+        return self.block(self.X, self.Y)
 
 
 def as_source(A) -> Source:
@@ -241,8 +235,8 @@ class FunctionOperator(Source):
         self._matvec = matvec
         self._rmatvec = matvec if rmatvec is None else rmatvec
 
-    def matmul_nograd(self, V):
+    def matmul(self, V):
         return self._matvec(V)
 
-    def rmatmul_nograd(self, U):
+    def rmatmul(self, U):
         return self._rmatvec(U)

@@ -9,8 +9,8 @@ from .lse_weight import LogSumExpWeight
 from .quantile import Quantile
 from .selection import ArgMin, KMin
 from .softmax import LogSumExp, SoftmaxWeightedSum, merge
-from .sum import Sum
+from .sum import Sum, accumulation_dtype
 from .sumshiftexp import MaxSumShiftExp
 
 __all__ = ["Consumer", "Reduction", "Sum", "LogSumExp", "LogSumExpWeight", "MaxSumShiftExp", "SoftmaxWeightedSum", "ArgMin",
-           "KMin", "Quantile", "merge"]
+           "KMin", "Quantile", "merge", "accumulation_dtype"]

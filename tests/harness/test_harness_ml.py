@@ -18,7 +18,9 @@ def _run(tmp_path, *argv):
 @pytest.mark.parametrize("case,extra", [
     ("ridge", ["--backward", "--dense-direct"]),
     ("landmark", ["--m", "24", "--backward"]),
-    ("pca", ["--dense-direct"]),
+    ("pca", ["--dense-direct", "--variants", "stored,streamed,sklearn"]),
+    ("ridge", ["--variants", "streamed,sklearn"]),
+    ("landmark", ["--m", "24", "--variants", "streamed,sklearn"]),
     ("lda", ["--classes", "3"]),
     ("svd", ["--m", "50"]),
 ])
@@ -26,11 +28,11 @@ def test_cases_validate_and_record(tmp_path, case, extra):
     code, record = _run(tmp_path, "--case", case, "--n", "96", "--d", "3", "--queries", "8", "--rank", "32", *extra)
     assert code == 0, record.get("error")
     variants = record["variants"]
-    assert {"dense-iterative", "streamed"} <= set(variants)
-    for res in variants.values():
-        assert res["samples_s"] and res["summary"]["median"] > 0
+    assert "streamed" in variants and ("sklearn" in variants or "stored" in variants)
+    for name, res in variants.items():
+        assert res["samples_s"] and res["summary"]["median"] > 0 and res["extra"]["cpu_s"]["median"] > 0
         assert max(res["validation"].values()) <= record["tolerance"]
-        assert res["extra"]["info"]["converged"]
+        assert name == "sklearn" or res["extra"]["info"]["converged"]
     assert record["config"]["n"] == 96 and "environment" in record and "checksums" in record
 
 
@@ -39,4 +41,15 @@ def test_failed_check_exits_nonzero_without_timings(tmp_path):
                         "--check-tol", "1e-14")
     assert code == 1 and "validation failed" in record["error"]
     assert not any(v["samples_s"] for v in record["variants"].values())
-    assert "validation failed" in record["variants"]["dense-iterative"]["error"]
+    assert "validation failed" in record["variants"]["stored"]["error"]
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--case", "lda", "--variants", "streamed,sklearn"], "no lda"),
+    (["--case", "ridge", "--backward", "--variants", "sklearn"], "not differentiable"),
+])
+def test_sklearn_variant_only_where_scikit_learn_has_the_estimator(tmp_path, argv, fragment):
+    from harness import cli
+
+    with pytest.raises(cli.UsageError, match=fragment):
+        _run(tmp_path, *argv, "--n", "32")

@@ -193,7 +193,8 @@ def test_reduction_options_are_checked():
         K.logsumexp(dim=2)  # KeOps: j of a one-batch-dim formula
     with pytest.raises(TypeError, match="unexpected reduction option"):
         K.sum(1, sum_scheme="kahan_scheme")
-    with pytest.raises(TypeError, match="float64 accumulation"):
-        K.sum(1, dtype_acc="float64")
+    with pytest.raises(TypeError, match="dtype_acc is an option of sum"):
+        K.logsumexp(1, dtype_acc="float64")
+    torch.testing.assert_close(K.sum(1, dtype_acc="float64"), K.sum(1).double())  # batch dims too
     torch.testing.assert_close(K.sum(axis=1), K.sum(1))
     torch.testing.assert_close((K * 1.0).sum(dim=-1, keepdim=True).sum(1), K.sum(1))  # KeOps's keepdim on a feature sum

@@ -1,8 +1,12 @@
-"""Implicit gradients of ridge and landmark fits against dense autograd and gradcheck."""
+"""Implicit gradients of ridge and landmark fits against dense autograd (torch.cdist, torch.linalg.solve)
+and gradcheck; gradients reach tensors a user formula closes over."""
+import math
+
 import pytest
 import torch
 
-from solvers import RBF, KernelRidge, LandmarkRidge, Matern
+import lazytensor as lt
+from solvers import KernelRidge, LandmarkRidge, Matern
 
 
 def _inputs(n, d, q, seed=0):
@@ -11,13 +15,17 @@ def _inputs(n, d, q, seed=0):
             torch.randn(q, d, generator=g, dtype=torch.float64))
 
 
-def _grads(make, source, X, Y, Xq):
-    X, Y, Xq = (t.clone().requires_grad_() for t in (X, Y, Xq))
-    gamma = torch.tensor(0.4, dtype=torch.float64, requires_grad=True)
-    alpha = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
-    est = make(Matern(2.5, gamma), alpha, source).fit(X, Y)
-    loss = est.predict(Xq).square().mean()
-    return torch.autograd.grad(loss, [X, Y, Xq, gamma, alpha])
+def _matern25(x, y, gamma):
+    s = math.sqrt(5) * gamma * torch.cdist(x, y)
+    return (1 + s + s**2 / 3) * torch.exp(-s)
+
+
+def _dense_fit(name, X, Y, Xq, gamma, alpha, L):
+    if name == "ridge":
+        coef = torch.linalg.solve(_matern25(X, X, gamma) + alpha * torch.eye(X.shape[0], dtype=X.dtype), Y)
+        return _matern25(Xq, X, gamma) @ coef
+    Knm, Kmm = _matern25(X, L, gamma), _matern25(L, L, gamma)
+    return _matern25(Xq, L, gamma) @ torch.linalg.solve(Knm.T @ Knm + alpha * Kmm, Knm.T @ Y)
 
 
 MAKERS = {
@@ -26,12 +34,24 @@ MAKERS = {
 }
 
 
+def _leaves(*tensors):
+    return [t.clone().requires_grad_() for t in tensors]
+
+
 @pytest.mark.parametrize("name", MAKERS)
-@pytest.mark.parametrize("source", ["stored", "streamed"])
+@pytest.mark.parametrize("source", ["direct", "stored", "streamed"])
 def test_implicit_gradients_match_dense_autograd(name, source):
-    data = _inputs(97, 3, 11)
-    ref = _grads(MAKERS[name], "direct", *data)
-    got = _grads(MAKERS[name], source, *data)
+    X, Y, Xq = _inputs(97, 3, 11)
+    gamma, alpha = torch.tensor(0.4, dtype=torch.float64), torch.tensor(0.3, dtype=torch.float64)
+    ref_in = _leaves(X, Y, Xq, gamma, alpha)
+    L = None
+    if name == "landmark":  # the training points the estimator draws as landmarks (gradients reach X through them)
+        drawn = MAKERS[name](Matern(2.5, 0.4), 0.3, "direct").fit(X, Y).landmarks_
+        L = ref_in[0][torch.cat([(X == row).all(1).nonzero()[0] for row in drawn])]
+    ref = torch.autograd.grad(_dense_fit(name, *ref_in, L).square().mean(), ref_in)
+    got_in = _leaves(X, Y, Xq, gamma, alpha)
+    est = MAKERS[name](Matern(2.5, got_in[3]), got_in[4], source).fit(got_in[0], got_in[1])
+    got = torch.autograd.grad(est.predict(got_in[2]).square().mean(), got_in)
     for label, a, b in zip(("X", "Y", "Xq", "gamma", "alpha"), got, ref):
         assert ((a - b).abs().max() / b.abs().max()) < 1e-8, label
 
@@ -42,22 +62,49 @@ def test_gradcheck_tiny_streamed_fit(name):
     landmarks = X[:4]
 
     def f(X, Y, Xq, gamma):
-        kernel = RBF(gamma)
+        kernel = lambda x, y: (-lt.Pm(gamma) * x.sqdist(y)).exp()  # noqa: E731 - a user formula closing over gamma
         if name == "ridge":
             est = KernelRidge(kernel, 0.5, source="streamed", rtol=1e-14, chunk_size=3)
         else:
             est = LandmarkRidge(kernel, 0.5, landmarks=landmarks, source="streamed", rtol=1e-14, chunk_size=3)
         return est.fit(X, Y).predict(Xq)
 
-    args = [t.clone().requires_grad_() for t in (X, Y, Xq)] + [torch.tensor(0.7, dtype=torch.float64,
-                                                                              requires_grad=True)]
+    args = _leaves(X, Y, Xq) + [torch.tensor(0.7, dtype=torch.float64, requires_grad=True)]
     torch.autograd.gradcheck(f, args, atol=1e-7, rtol=1e-6)
+
+
+def test_user_formula_parameters_get_gradients():
+    X, Y, Xq = _inputs(60, 3, 7)
+    w = torch.tensor([0.2, 0.5, 1.0], dtype=torch.float64, requires_grad=True)  # per-feature inverse length scales
+    kernel = lambda x, y: (1 + (x - y).weightedsqnorm(lt.Pm(w))).rsqrt()  # noqa: E731
+    est = KernelRidge(kernel, alpha=0.1, source="streamed", rtol=1e-12).fit(X, Y)
+    (g,) = torch.autograd.grad(est.predict(Xq).square().sum(), [w])
+
+    def dense(w):
+        k = lambda a, b: (1 + ((a[:, None] - b[None]) ** 2 * w).sum(-1)).rsqrt()  # noqa: E731
+        return k(Xq, X) @ torch.linalg.solve(k(X, X) + 0.1 * torch.eye(60, dtype=torch.float64), Y)
+
+    (ref,) = torch.autograd.grad(dense(w).square().sum(), [w])
+    torch.testing.assert_close(g, ref, rtol=1e-8, atol=1e-10)
+
+
+def test_per_target_alpha_and_its_gradient():
+    X, Y, Xq = _inputs(50, 2, 5)
+    alpha = torch.tensor([0.1, 1.0], dtype=torch.float64, requires_grad=True)
+    est = KernelRidge(Matern(2.5, 0.4), alpha, source="streamed", rtol=1e-12).fit(X, Y)
+    K = _matern25(X, X, 0.4)
+    ref = torch.stack([torch.linalg.solve(K + a * torch.eye(50, dtype=torch.float64), Y[:, c])
+                       for c, a in enumerate(alpha)], 1)
+    torch.testing.assert_close(est.dual_coef_, ref, rtol=1e-9, atol=1e-10)
+    (g,) = torch.autograd.grad(est.dual_coef_.sum(), [alpha])
+    (g_ref,) = torch.autograd.grad(ref.sum(), [alpha])
+    torch.testing.assert_close(g, g_ref, rtol=1e-8, atol=1e-10)
 
 
 def test_backward_uses_one_adjoint_solve_and_reports_it():
     X, Y, Xq = _inputs(60, 3, 5)
     X.requires_grad_()
-    est = KernelRidge(RBF(0.5), 0.5, source="streamed", rtol=1e-10).fit(X, Y)
+    est = KernelRidge(Matern(2.5, 0.5), 0.5, source="streamed", rtol=1e-10).fit(X, Y)
     est.predict(Xq).sum().backward()
     assert est.adjoint_info_.converged and est.adjoint_info_.iterations <= est.info_.iterations + 5
     assert torch.isfinite(X.grad).all()
@@ -65,5 +112,5 @@ def test_backward_uses_one_adjoint_solve_and_reports_it():
 
 def test_no_graph_through_iterations_without_grad():
     X, Y, Xq = _inputs(40, 2, 4)
-    est = KernelRidge(RBF(0.5), 0.5, source="streamed").fit(X, Y)
+    est = KernelRidge(Matern(2.5, 0.5), 0.5, source="streamed").fit(X, Y)
     assert not est.dual_coef_.requires_grad and not est.predict(Xq).requires_grad

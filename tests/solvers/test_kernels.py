@@ -1,18 +1,22 @@
-"""Kernels against explicit formulas and scikit-learn; the fast in-place tiles against the differentiable ones."""
+"""Kernels are lazytensor formula factories: values against explicit formulas and scikit-learn, K(x, x) == 1,
+far-from-origin float32 accuracy, gradients, user formulas and errors."""
 import math
 
 import pytest
 import torch
 
-from solvers import RBF, CallableKernel, Laplacian, Matern, as_kernel
+import lazytensor as lt
+from solvers import RBF, FormulaKernel, Laplacian, Matern, StreamedKernel, as_kernel
 
 
-def _points(n, m, d, dtype):
+def _points(n, m, d, dtype, shift=0.0):
     g = torch.Generator().manual_seed(1)
-    return torch.randn(n, d, generator=g, dtype=dtype), torch.randn(m, d, generator=g, dtype=dtype)
+    return (shift + torch.randn(n, d, generator=g, dtype=torch.float64)).to(dtype), \
+        (shift + torch.randn(m, d, generator=g, dtype=torch.float64)).to(dtype)
 
 
-def _reference(kernel, x, y):
+def reference(kernel, x, y):
+    """The kernel matrix from torch.cdist in float64 (no lazytensor)."""
     r = torch.cdist(x.double(), y.double())
     g = float(kernel.gamma)
     if isinstance(kernel, RBF):
@@ -28,18 +32,35 @@ KERNELS = [RBF(0.3), Laplacian(0.7), Matern(0.5, 0.4), Matern(1.5, 0.9), Matern(
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=repr)
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
-def test_tiles_match_formula_and_in_place_path(kernel, dtype, tol):
-    x, y = _points(13, 7, 5, dtype)
-    ref = _reference(kernel, x, y)
-    tile = kernel.tile(x, y)
-    assert tile.dtype == dtype and tile.shape == (13, 7)
-    assert torch.allclose(tile.double(), ref, atol=tol, rtol=0)
-    buf = torch.empty(13, 7, dtype=dtype)
-    fast = kernel.tile_into(x, y, buf, kernel.prepare(y))
-    assert fast.data_ptr() == buf.data_ptr()
-    assert torch.allclose(fast.double(), ref, atol=tol, rtol=0)
-    assert torch.allclose(kernel.diag(x), torch.ones(13, dtype=dtype))
+@pytest.mark.parametrize("d", [3, 9])  # below and above lazytensor's norm-expansion threshold
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_matrix_matches_formula(kernel, d, dtype, tol):
+    x, y = _points(13, 7, d, dtype)
+    K = StreamedKernel(kernel, x, y).dense()
+    assert K.dtype == dtype and K.shape == (13, 7)
+    assert torch.allclose(K.double(), reference(kernel, x, y), atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=repr)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_self_similarity_is_exactly_one(kernel, dtype):
+    x, _ = _points(40, 1, 9, dtype, shift=100.0)
+    S = StreamedKernel(kernel, x)
+    assert torch.equal(S.diag(), torch.ones(40, dtype=dtype))
+    if not isinstance(kernel, RBF):  # distances under a square root are exact differences
+        assert torch.equal(S.dense().diagonal(), torch.ones(40, dtype=dtype))
+    else:  # exp(-g d^2) with lazytensor's centred norm expansion (d >= 8): a few ulps of the points' spread
+        assert (S.dense().diagonal() - 1).abs().max() <= 64 * torch.finfo(dtype).eps
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=repr)
+def test_far_from_origin_float32_matches_float64(kernel):
+    x, y = _points(50, 30, 8, torch.float64, shift=1000.0)
+    v = torch.randn(30, 2, dtype=torch.float64)
+    exact = StreamedKernel(kernel, x, y) @ v
+    single = StreamedKernel(kernel, x.float(), y.float()) @ v.float()
+    # the points themselves round at 1000 * 6e-8: the kernel is only that well defined in float32
+    assert ((single.double() - exact).abs().max() / exact.abs().max()) < 1e-4
 
 
 def test_matches_scikit_learn():
@@ -47,39 +68,57 @@ def test_matches_scikit_learn():
     from sklearn.metrics.pairwise import rbf_kernel
 
     x, y = _points(9, 11, 3, torch.float64)
-    assert torch.allclose(RBF(0.2).tile(x, y), torch.from_numpy(rbf_kernel(x.numpy(), y.numpy(), gamma=0.2)))
+    assert torch.allclose(StreamedKernel(RBF(0.2), x, y).dense(), torch.from_numpy(rbf_kernel(x.numpy(), y.numpy(), gamma=0.2)))
     for nu in (0.5, 1.5, 2.5):
         sk = SkMatern(length_scale=1 / 0.8, nu=nu)(x.numpy(), y.numpy())
-        assert torch.allclose(Matern(nu, 0.8).tile(x, y), torch.from_numpy(sk), atol=1e-12)
+        assert torch.allclose(StreamedKernel(Matern(nu, 0.8), x, y).dense(), torch.from_numpy(sk), atol=1e-12)
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=repr)
 def test_gradients_finite_at_coincident_points(kernel):
     x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
-    kernel.tile(x, x).sum().backward()
+    (StreamedKernel(kernel, x) @ torch.ones(4, 1, dtype=torch.float64)).sum().backward()
     assert torch.isfinite(x.grad).all()
 
 
 def test_gamma_gradient_matches_gradcheck():
     x, y = _points(5, 4, 2, torch.float64)
+    v = torch.randn(4, 2, dtype=torch.float64)
     for make in (RBF, Laplacian, lambda g: Matern(2.5, g)):
-        torch.autograd.gradcheck(lambda g, make=make: make(g).tile(x, y),
+        torch.autograd.gradcheck(lambda g, make=make: StreamedKernel(make(g), x, y) @ v,
                                  (torch.tensor(0.5, dtype=torch.float64, requires_grad=True),))
 
 
-def test_callable_kernel_and_errors():
+def test_user_formulas_are_kernels():
     x, y = _points(6, 5, 2, torch.float64)
-    k = as_kernel(lambda a, b: a @ b.T)
-    assert isinstance(k, CallableKernel)
-    assert torch.allclose(k.tile(x, y), x @ y.T)
-    assert torch.allclose(k.diag(x), (x * x).sum(1))
-    with pytest.raises(ValueError, match=r"\(6, 5\)"):
-        as_kernel(lambda a, b: a @ a.T).tile(x, y)
-    with pytest.raises(TypeError, match="kernel"):
+    expected = (1 + torch.cdist(x, y) ** 2).rsqrt()
+    for kernel in (lambda a, b: (1 + a.sqdist(b)).rsqrt(), "rsqrt(1 + sqdist(x, y))", FormulaKernel("(1 + sqdist(x, y))**-0.5")):
+        assert torch.allclose(StreamedKernel(kernel, x, y).dense(), expected)
+    g = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    closes_over = StreamedKernel(lambda a, b: (-lt.Pm(g) * a.sqdist(b)).exp(), x, y)
+    closes_over.dense().sum().backward()
+    assert torch.allclose(g.grad, -(torch.cdist(x, y) ** 2 * torch.exp(-0.3 * torch.cdist(x, y) ** 2)).sum())
+    assert isinstance(as_kernel("exp(-sqdist(x, y))"), FormulaKernel) and as_kernel(KERNELS[0]) is KERNELS[0]
+
+
+def test_kernel_errors_name_the_kernel():
+    x, y = _points(6, 5, 2, torch.float64)
+    with pytest.raises(TypeError, match="kernel .* LazyTensor"):
+        StreamedKernel(lambda a, b: a @ b.T, x, y)  # a dense tile function is not a formula
+    with pytest.raises(TypeError, match="must return a LazyTensor"):
+        StreamedKernel(lambda a, b: 1.0, x, y)
+    with pytest.raises(ValueError, match="scalar formula"):
+        StreamedKernel(lambda a, b: a - b, x, y)
+    g32 = torch.tensor([0.5], dtype=torch.float32)
+    with pytest.raises(TypeError, match="float32 tensor but the kernel is evaluated in torch.float64"):
+        StreamedKernel(lambda a, b: (-lt.Pm(g32) * a.sqdist(b)).exp(), x, y)
+    with pytest.raises(TypeError, match="kernel must be"):
         as_kernel(3)
     with pytest.raises(ValueError, match="gamma"):
         RBF(-1.0)
     with pytest.raises(TypeError, match="gamma"):
         RBF("big")
+    with pytest.raises(ValueError, match="gamma"):
+        RBF(torch.ones(2))
     with pytest.raises(ValueError, match="nu"):
         Matern(3.5, 1.0)

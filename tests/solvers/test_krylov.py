@@ -2,13 +2,26 @@
 import pytest
 import torch
 
-from solvers import RBF, FunctionOperator, Jacobi, StoredKernel, StreamedKernel, cg, golub_kahan_svds, lanczos_eigsh, nystrom
+from solvers import (
+    RBF,
+    FunctionOperator,
+    Jacobi,
+    StoredKernel,
+    StreamedKernel,
+    cg,
+    golub_kahan_svds,
+    lanczos_eigsh,
+    nystrom,
+    pivoted_cholesky,
+)
+
+from .test_kernels import reference
 
 
 def _spd(n, dtype=torch.float64, seed=0, alpha=0.5):
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(n, 4, generator=g, dtype=dtype)
-    K = RBF(0.25).tile(X, X)
+    K = reference(RBF(0.25), X, X).to(dtype)
     return X, K, K + alpha * torch.eye(n, dtype=dtype)
 
 
@@ -23,6 +36,19 @@ def test_cg_meets_true_residual_per_column(dtype, rtol):
     torch.testing.assert_close(info.residuals, true, rtol=1e-3, atol=1e-30)
     ref = torch.linalg.solve(A.double(), B.double())
     assert ((x.double() - ref).norm(dim=0) / ref.norm(dim=0)).max() < 1e3 * rtol
+
+
+def test_cg_refines_a_cheap_operator_against_the_exact_one():
+    _, _, A = _spd(120, alpha=0.1)
+    B = torch.randn(120, 2, dtype=torch.float64)
+    cheap = A.float().double()  # float32 entries: CG alone stalls near 1e-7
+    _, alone = cg(cheap, B, rtol=1e-12)
+    x, refined = cg(cheap, B, rtol=1e-12, exact=A)
+    assert refined.converged and ((B - A @ x).norm(dim=0) <= 1e-12 * B.norm(dim=0) * 1.0001).all()
+    assert ((B - A @ cg(cheap, B, rtol=1e-12)[0]).norm(dim=0) > 1e-10 * B.norm(dim=0)).all() and alone.converged
+    wrong = A + 0.5 * torch.eye(120, dtype=torch.float64)  # too far off to refine: cg finishes on the exact operator
+    x, info = cg(wrong, B, rtol=1e-10, exact=A)
+    assert info.converged and ((B - A @ x).norm(dim=0) <= 1e-10 * B.norm(dim=0) * 1.0001).all()
 
 
 def test_cg_atol_and_vector_rhs():
@@ -49,6 +75,35 @@ def test_nystrom_cuts_iterations_threefold():
         assert ((x - exact).norm(dim=0) <= 1e-8 * B.norm(dim=0) / 0.5).all()
 
 
+def test_pivoted_cholesky_factor_and_early_stop():
+    X, K, _ = _spd(300)
+    S = StreamedKernel(RBF(0.25), X)
+    F = pivoted_cholesky(S, 120, random_state=3)
+    assert F.shape == (300, 120)
+    residual = K - F @ F.T
+    assert torch.linalg.eigvalsh(residual).min() > -1e-10  # F F^T never exceeds K
+    idx = torch.randperm(300, generator=torch.Generator().manual_seed(3))[:120]  # uniformly random landmarks
+    uniform = K - K[:, idx] @ torch.linalg.pinv(K[idx][:, idx]) @ K[idx]
+    assert residual.diagonal().sum() < 0.5 * uniform.diagonal().sum()  # pivots go where the kernel has mass
+    assert torch.equal(F, pivoted_cholesky(S, 120, random_state=3))  # reproducible
+    small = pivoted_cholesky(S, 300, tolerance=1.0)  # stops once the missed trace is below the tolerance
+    assert small.shape[1] < 300 and (K - small @ small.T).diagonal().sum() <= 1.0 + 1e-9
+
+
+def test_nystrom_is_safe_in_float32_with_a_tiny_shift():
+    # a well-conditioned kernel (gamma 0.5 in 8-D) with alpha = 1e-6: dividing the unresolved directions
+    # by the shift (the Woodbury inverse) made CG break down; the Nystrom preconditioner must not hurt
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(400, 8, generator=g)
+    S = StreamedKernel(RBF(0.5), X)
+    A = FunctionOperator(S.shape, S.dtype, S.device, lambda V: S.matmul_nograd(V) + 1e-6 * V)
+    B = torch.sin(X[:, :2])
+    _, plain = cg(A, B, rtol=1e-4)
+    x, pre = cg(A, B, M=nystrom(S, 100, 1e-6), rtol=1e-4)
+    assert plain.converged and pre.converged and pre.iterations <= plain.iterations
+    exact = torch.linalg.solve(reference(RBF(0.5), X, X) + 1e-6 * torch.eye(400, dtype=torch.float64), B.double())
+    assert (x.double() - exact).norm() / exact.norm() < 1e-2
+
 def test_cg_reports_maxiter_and_breakdown():
     _, _, A = _spd(80, alpha=1e-6)
     B = torch.randn(80, 2, dtype=torch.float64)
@@ -70,6 +125,13 @@ def test_cg_argument_errors():
         cg(A, torch.full((10,), float("nan"), dtype=torch.float64))
     with pytest.raises(TypeError, match="source"):
         cg([[1.0]], torch.ones(1))
+    b = torch.ones(10, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="M must map"):
+        cg(A, b, M=lambda R: R[:, :1])
+    with pytest.raises(TypeError, match="M must be a callable"):
+        cg(A, b, M=torch.eye(10))
+    with pytest.raises(ValueError, match="x0"):
+        cg(A, b, x0=torch.zeros(10, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("k,width", [(1, 0), (3, 4), (5, 10)])
@@ -102,6 +164,8 @@ def test_lanczos_nonconvergence_and_bad_k():
     assert not info.converged and info.reason == "maxiter"
     with pytest.raises(ValueError, match="k must be"):
         lanczos_eigsh(K, 201)
+    with pytest.raises(ValueError, match="NaN"):
+        lanczos_eigsh(K.clone().fill_diagonal_(float("nan")), 2)
 
 
 @pytest.mark.parametrize("shape", [(120, 45), (45, 120)])
@@ -111,7 +175,7 @@ def test_golub_kahan_matches_svd(shape):
     Y = torch.randn(shape[1], 3, generator=g, dtype=torch.float64)
     S = StreamedKernel(RBF(0.3), X, Y, chunk_size=16)
     s, left, right, info = golub_kahan_svds(S, 4, search_width=3, rtol=1e-10, max_basis=14)
-    K = RBF(0.3).tile(X, Y)
+    K = reference(RBF(0.3), X, Y)
     torch.testing.assert_close(s, torch.linalg.svdvals(K)[:4], rtol=1e-9, atol=1e-10)
     torch.testing.assert_close(K @ right, left * s, atol=1e-8, rtol=0)
     torch.testing.assert_close(K.T @ left, right * s, atol=1e-8, rtol=0)
