@@ -68,6 +68,15 @@ class Sharding:
         self.dist.all_gather(parts, t, group=self.group)
         return [p.bool() for p in parts] if flag else parts
 
+    def gather_rows(self, t: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """Every rank's rows of ``t`` concatenated in rank order (shards may differ in length),
+        with the shard lengths: one all-gather of the longest shard's size."""
+        sizes = self.sizes(t.shape[0], t.device)
+        longest = max(sizes)
+        padded = t if t.shape[0] == longest else torch.cat([t, t.new_zeros(longest - t.shape[0], *t.shape[1:])])
+        parts = self.gather(padded)
+        return torch.cat([p[:size] for p, size in zip(parts, sizes)]), sizes
+
     def merge(self, consumer, state: tuple) -> tuple:
         """Every rank's state of ``consumer`` folded in rank order by its ``combine``.
 
