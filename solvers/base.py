@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .kernels import as_kernel
-from .sources import StoredKernel, StreamedKernel
+from .sources import ShardedKernel, StoredKernel, StreamedKernel
 
 try:
     from sklearn import base as _sklearn
@@ -29,7 +29,7 @@ except ImportError:  # scikit-learn is optional
 
 __all__ = ["Estimator", "NotFittedError", "ConvergenceWarning", "SOURCES", "AUTO_DIRECT_MAX_N"]
 
-SOURCES = ("auto", "streamed", "stored", "direct")
+SOURCES = ("auto", "streamed", "stored", "direct", "sharded")
 TILE_DTYPES = (None, torch.float32, torch.float64)
 
 # source="auto" picks the direct factorization up to this many training points:
@@ -116,18 +116,19 @@ def as_tensor(X, name: str) -> tuple[torch.Tensor, bool]:
 
 
 def check_points(X, name: str = "X", *, estimator=None, n_features: int | None = None,
-                 dtype: torch.dtype | None = None) -> tuple[torch.Tensor, bool]:
+                 dtype: torch.dtype | None = None, allow_empty: bool = False) -> tuple[torch.Tensor, bool]:
     """A finite floating (n, d) tensor and whether it came from NumPy, or an error naming ``name``.
 
     With ``n_features`` / ``dtype`` (a fitted estimator's), the feature count
-    must match and the data is cast to ``dtype``.
+    must match and the data is cast to ``dtype``. ``allow_empty``: n = 0 is
+    fine (one rank's shard of a sharded fit).
     """
     X, numpy_in = as_tensor(X, name)
     if X.ndim != 2:
         raise ValueError(f"{name} must be a 2-D (n_samples, n_features) array, got shape {tuple(X.shape)}"
                          + (f"; Reshape your data with {name}.reshape(-1, 1) (one feature) or {name}.reshape(1, -1) "
                             f"(one sample)" if X.ndim == 1 else ""))
-    if X.shape[0] == 0 or X.shape[1] == 0:
+    if (X.shape[0] == 0 and not allow_empty) or X.shape[1] == 0:
         which = "sample" if X.shape[0] == 0 else "feature"
         raise ValueError(f"Found {name} with 0 {which}(s) (shape={tuple(X.shape)}) while a minimum of 1 is required.")
     if n_features is not None and X.shape[1] != n_features:
@@ -206,12 +207,31 @@ def check_count(value, name: str, upper: int, why: str) -> int:
 
 
 # --------------------------------------------------------------- estimators
+def agree_on_ranks(sharding, check):
+    """``check()`` on every rank of a sharded fit; if it raises on any rank it raises on all of them
+    (the failing rank with its own error, the others naming it), so no rank waits in a collective."""
+    try:
+        result, error = check(), None
+    except (ValueError, TypeError) as exc:
+        result, error = None, exc
+    failed = [r for r, flag in enumerate(sharding.gather(torch.tensor([error is not None]))) if bool(flag)]
+    if error is not None:
+        raise error
+    if failed:
+        raise ValueError(f"sharded fit: the input on rank(s) {failed} was rejected (see the error raised there)")
+    return result
+
+
 class Estimator(_Base):
     """Hyper-parameters live in ``__init__`` arguments; learned state in ``attr_`` names."""
+
+    _shardable = False  # whether source="sharded" is implemented (ridge fits)
 
     def _check_common(self) -> None:
         if self.source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {self.source!r}")
+        if self.source == "sharded" and not self._shardable:
+            raise ValueError(f"source='sharded' is available for KernelRidge and LandmarkRidge, not {type(self).__name__}")
         for name in ("rtol", "atol"):
             value = getattr(self, name, None)
             if value is not None and not (isinstance(value, numbers.Real) and value >= 0):
@@ -254,7 +274,7 @@ class Estimator(_Base):
         (float32 tiles by default for float64 data where ``refined``; the same source when nothing is cheaper)."""
         exact = self._source(kind, X, Y)
         tile_dtype = self._tile_dtype(X.dtype, refined=refined)
-        if kind != "streamed" or tile_dtype == X.dtype:
+        if kind not in ("streamed", "sharded") or tile_dtype == X.dtype:
             return exact, exact
         try:
             return exact, self._source(kind, X, Y, tile_dtype=tile_dtype)
@@ -265,7 +285,9 @@ class Estimator(_Base):
 
     def _source(self, kind: str, X: torch.Tensor, Y: torch.Tensor | None = None, *, tile_dtype=None):
         """The kernel matrix K(X, Y) (no gradient) as a streamed source (tiles in ``tile_dtype``,
-        sums in the data's dtype) or a stored one (always exact)."""
+        sums in the data's dtype), a sharded one (``X`` is this rank's rows) or a stored one (always exact)."""
+        if kind == "sharded":
+            return ShardedKernel(self._kernel, X, Y, chunk_size=self.chunk_size, tile_dtype=tile_dtype)
         K = self._streamed(X.detach(), None if Y is None else Y.detach(), tile_dtype if kind == "streamed" else None)
         if kind == "streamed":
             return K

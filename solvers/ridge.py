@@ -5,9 +5,12 @@ from dataclasses import replace
 
 import torch
 
+from lazytensor import distributed
+
 from .base import (
     Estimator,
     RegressorMixin,
+    agree_on_ranks,
     as_output,
     check_count,
     check_points,
@@ -70,10 +73,43 @@ def _groups(alpha: torch.Tensor) -> list[tuple[float, torch.Tensor]]:
 class _Ridge(RegressorMixin, Estimator):
     """Fit bookkeeping shared by both ridge estimators: targets, grouped solves, prediction, score."""
 
+    _shardable = True
+
     def _targets(self, X, y):
         Y = check_targets(y, X.shape[0], X.dtype, self)
         self._vector_targets = Y.ndim == 1
-        return Y.reshape(X.shape[0], -1)
+        return Y.unsqueeze(1) if Y.ndim == 1 else Y
+
+    def _fit_data(self, X, y, *tensors):
+        """Checked training points and (n, targets) targets.
+
+        With ``source="sharded"`` these are this rank's rows (possibly none);
+        every rank checks its own, they agree on features, targets and dtype,
+        and a rejected input raises on every rank. Sharded fits have no
+        gradients: inputs (or ``tensors``, or tensors the kernel closes over)
+        that require grad are rejected.
+        """
+        if self.source != "sharded":
+            X = self._fit_points(X)
+            return X, self._targets(X, y)
+        self._sharding = distributed.active() or distributed.Sharding()
+
+        def check():
+            X_, self._numpy = check_points(X, "X", allow_empty=True)
+            Y_ = self._targets(X_, y)
+            if requires_grad(X_, Y_, *tensors, self._streamed(X_[:1]).K):
+                raise ValueError("source='sharded' fits are not differentiable: pass tensors that do not require grad")
+            return X_, Y_
+
+        X, Y = agree_on_ranks(self._sharding, check)
+        layouts = self._sharding.gather(torch.tensor([X.shape[0], X.shape[1], Y.shape[1], torch.finfo(X.dtype).bits]))
+        if any(not torch.equal(layout[1:], layouts[0][1:]) for layout in layouts):
+            raise ValueError("sharded fit: every rank needs the same number of features and targets and the same dtype; "
+                             f"got (features, targets, float bits) {[tuple(t[1:].tolist()) for t in layouts]} by rank")
+        if sum(int(layout[0]) for layout in layouts) == 0:
+            raise ValueError("sharded fit: no rank holds a training point")
+        self.n_features_in_ = X.shape[1]
+        return X, Y
 
     def _solve(self, Y: torch.Tensor, alpha: torch.Tensor, make_solver):
         """Solve every group of targets sharing an alpha; returns the solution, the info and the adjoint solve.
@@ -100,9 +136,15 @@ class _Ridge(RegressorMixin, Estimator):
     def _cg(self, operator, preconditioner, rtol, exact=None):
         return lambda R: cg(operator, R, M=preconditioner, rtol=rtol, atol=self.atol, maxiter=self.maxiter, exact=exact)
 
-    def _predict_with(self, X, centres: torch.Tensor, coef: torch.Tensor):
-        X, numpy_out = self._query_points(X, centres)
-        out = self._streamed(X, centres) @ coef
+    def _predict_with(self, X, centres: torch.Tensor, coef: torch.Tensor, sharding=None):
+        """``K(X, centres) coef``; with ``sharding`` the centres are this rank's share and the ranks' sums are added."""
+        if sharding is None:
+            X, numpy_out = self._query_points(X, centres)
+            out = self._streamed(X, centres) @ coef
+        else:
+            X, numpy_out = agree_on_ranks(sharding, lambda: self._query_points(X, centres))
+            with torch.no_grad():
+                out = sharding.all_reduce(self._streamed(X, centres) @ coef)
         return as_output(out.squeeze(1) if self._vector_targets else out, numpy_out)
 
     def score(self, X, y) -> float:
@@ -150,12 +192,11 @@ class KernelRidge(_Ridge):
         self._check_common()
         if self.preconditioner not in PRECONDITIONERS:
             raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {self.preconditioner!r}")
-        X = self._fit_points(X)
-        Y = self._targets(X, y)
+        X, Y = self._fit_data(X, y, self.alpha)
         alpha = _alpha(self.alpha, Y.shape[1], X.dtype)
-        n = X.shape[0]
-        self.source_ = self._resolve_source(n)
+        self.source_ = self._resolve_source(X.shape[0])
         if self.source_ == "direct":
+            n = X.shape[0]
             K = self._source("stored", X).matrix
 
             def make_solver(a):
@@ -167,6 +208,9 @@ class KernelRidge(_Ridge):
                 return solve
         else:
             K, fast = self._sources(self.source_, X)
+            if self.source_ == "sharded":  # Krylov vectors are whole on every rank
+                X, Y = K.X, self._sharding.gather_rows(Y)[0]
+            n = X.shape[0]
             low_rank = None
             if self.preconditioner == "nystrom":
                 smallest = float(alpha.detach().min())
@@ -188,8 +232,10 @@ class KernelRidge(_Ridge):
         def residual(c):  # y - (K + alpha I) c, differentiable in X, y, alpha and the kernel's tensors
             return Y - self._streamed(X) @ c - alpha * c
 
-        differentiable = requires_grad(X, Y, alpha, self._streamed(X).K)
-        coef = implicit(coef, residual, adjoint, differentiable)
+        if self.source_ == "sharded":
+            self._shard_rows = K.rows  # predictions: this rank's share of the training points
+        else:
+            coef = implicit(coef, residual, adjoint, requires_grad(X, Y, alpha, self._streamed(X).K))
         self._publish(X_fit=X, dual_coef=coef.squeeze(1) if self._vector_targets else coef)
         self.info_ = info
         self._report(info, "the fit")
@@ -198,6 +244,9 @@ class KernelRidge(_Ridge):
     def predict(self, X):
         self._check_fitted("dual_coef")
         coef = self._dual_coef.unsqueeze(1) if self._vector_targets else self._dual_coef
+        if self.source_ == "sharded":  # every rank scores the query against its share; one all-reduce
+            rows = self._shard_rows
+            return self._predict_with(X, self._X_fit[rows], coef[rows], self._sharding)
         return self._predict_with(X, self._X_fit, coef)
 
 
@@ -233,13 +282,15 @@ class LandmarkRidge(_Ridge):
 
     def fit(self, X, y):
         self._check_common()
-        X = self._fit_points(X)
-        Y = self._targets(X, y)
+        X, Y = self._fit_data(X, y, self.alpha, self.landmarks)
         alpha = _alpha(self.alpha, Y.shape[1], X.dtype)
+        self.source_ = self._resolve_source(X.shape[0])
+        if self.source_ == "sharded":  # landmarks drawn from all ranks' points, as one process would
+            X_local, (X, _), Y = X, self._sharding.gather_rows(X), self._sharding.gather_rows(Y)[0]
         L = self._choose_landmarks(X)
         m = L.shape[0]
-        self.source_ = self._resolve_source(X.shape[0])
-        (K_nm, fast_nm), (K_mm, fast_mm) = self._sources(self.source_, X, L), self._sources(self.source_, L)
+        K_nm, fast_nm = self._sources(self.source_, X_local if self.source_ == "sharded" else X, L)
+        K_mm, fast_mm = self._sources("streamed" if self.source_ == "sharded" else self.source_, L)
         eye = torch.eye(m, dtype=X.dtype, device=X.device)
         with torch.no_grad():
             rhs = K_nm.rmatmul_nograd(Y.detach())
@@ -270,8 +321,8 @@ class LandmarkRidge(_Ridge):
             K_nm, K_mm = self._streamed(X, L), self._streamed(L)
             return K_nm.T @ (Y - K_nm @ c) - alpha * (K_mm @ c)
 
-        differentiable = requires_grad(X, Y, L, alpha, self._streamed(X, L).K)
-        coef = implicit(coef, residual, adjoint, differentiable)
+        if self.source_ != "sharded":
+            coef = implicit(coef, residual, adjoint, requires_grad(X, Y, L, alpha, self._streamed(X, L).K))
         self._publish(landmarks=L, coef=coef.squeeze(1) if self._vector_targets else coef)
         self.info_ = info
         self._report(info, "the fit")

@@ -15,11 +15,12 @@ import math
 import torch
 
 import lazytensor as lt
+from lazytensor import distributed
 from lazytensor.engine import check_chunk_size
 
 from .kernels import as_kernel, formula
 
-__all__ = ["Source", "StreamedKernel", "StoredKernel", "FunctionOperator", "as_source"]
+__all__ = ["Source", "StreamedKernel", "ShardedKernel", "StoredKernel", "FunctionOperator", "as_source"]
 
 # Dense blocks of a kernel (columns, stored and direct matrices) are identity
 # products over this many columns at a time, batched: exact, and it costs
@@ -215,6 +216,64 @@ class StreamedKernel(Source):
     def dense(self) -> torch.Tensor:
         """The full matrix (for stored and direct fits, and references: n x m memory), differentiable."""
         return self.block(self.X, self.Y)
+
+
+class ShardedKernel(Source):
+    """``K(X, Y)`` with the rows ``X`` sharded over the ranks of a ``torch.distributed`` group.
+
+    Each rank passes its own rows ``X_local``; ``Y=None`` means every rank's
+    points (gathered once: the square kernel of the whole data set), otherwise
+    ``Y`` is replicated. Vectors indexed by rows are whole on every rank. A
+    product evaluates this rank's rows only (a lazytensor sum, as in
+    :class:`StreamedKernel`) and meets the other ranks in one collective:
+    ``K @ V`` all-gathers the row blocks, ``K.T @ U`` and ``gram`` all-reduce an
+    (m, c) sum. Every rank then holds the same result, so Krylov methods run
+    the same arithmetic on every rank. No gradients (products are ``no_grad``).
+    The group: ``sharding`` (a :class:`lazytensor.distributed.Sharding`), else
+    the active ``lazytensor.distributed.sharded`` context, else the world.
+    """
+
+    def __init__(self, kernel, X_local: torch.Tensor, Y: torch.Tensor | None = None, *, sharding=None, chunk_size=None,
+                 tile_dtype: torch.dtype | None = None):
+        X_local = _check_points(X_local, "X_local").detach()
+        self.sharding = sharding or distributed.active() or distributed.Sharding()
+        self.X, sizes = self.sharding.gather_rows(X_local)
+        start = sum(sizes[:self.sharding.rank])
+        self.rows = slice(start, start + X_local.shape[0])
+        self.symmetric = Y is None
+        self.Y = self.X if Y is None else _check_points(Y, "Y").detach()
+        self.local = StreamedKernel(kernel, X_local, self.Y, chunk_size, tile_dtype)
+        self.tile_dtype = self.local.tile_dtype
+        self.shape = (self.X.shape[0], self.Y.shape[0])
+        self.dtype, self.device = self.X.dtype, self.X.device
+
+    def _rows(self, local: torch.Tensor) -> torch.Tensor:
+        return self.sharding.gather_rows(local)[0]
+
+    def matmul(self, V):
+        with torch.no_grad():
+            return self._rows(self.local.matmul(V))
+
+    def rmatmul(self, U):
+        with torch.no_grad():
+            return self.sharding.all_reduce(self.local.rmatmul(U[self.rows]))
+
+    def gram(self, V):
+        """``K^T (K V)``: this rank's rows of ``K V`` stay local; one all-reduce of the (m, c) sum."""
+        with torch.no_grad():
+            return self.sharding.all_reduce(self.local.rmatmul(self.local.matmul(V)))
+
+    def diag(self) -> torch.Tensor:
+        if not self.symmetric:
+            raise ValueError("diag() needs a square kernel source (Y=None)")
+        own = StreamedKernel(self.local.kernel, self.local.X, tile_dtype=self.local.tile_dtype)
+        return self._rows(own.diag())
+
+    def squared_row_norms(self) -> torch.Tensor:
+        return self._rows(self.local.squared_row_norms())
+
+    def columns(self, idx: torch.Tensor) -> torch.Tensor:
+        return self._rows(self.local.columns(idx))
 
 
 def as_source(A) -> Source:

@@ -1,0 +1,75 @@
+"""Sharded ridge fits on two gloo processes equal the single-process fit on the concatenated data.
+
+Each rank fits on its own rows (uneven, then one rank empty); every rank must
+get the single-process dual coefficients and predictions (1e-8 relative,
+float64), identical Krylov diagnostics, and the same error when one rank's
+input is bad.
+"""
+import pytest
+import torch
+
+from solvers import RBF, KernelPCA, KernelRidge, LandmarkRidge
+from tests.ranks import run_on_ranks
+
+
+def data():
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(300, 3, generator=gen, dtype=torch.float64)
+    Y = torch.stack([torch.sin(X[:, 0]), torch.cos(X[:, 1])], 1) + 0.05 * torch.randn(300, 2, generator=gen,
+                                                                                      dtype=torch.float64)
+    return X, Y, torch.randn(40, 3, generator=gen, dtype=torch.float64)
+
+
+def _close(a, b, what):
+    err = float((a - b).norm() / b.norm())
+    assert err < 1e-8, f"{what}: relative difference {err:.2e}"
+
+
+def _check(rank, world_size):
+    import torch.distributed as dist
+
+    X, Y, Xq = data()
+    estimators = {
+        "ridge": lambda source: KernelRidge(RBF(0.5), alpha=0.1, source=source, rtol=1e-12, chunk_size=64),
+        "ridge-jacobi": lambda source: KernelRidge(RBF(0.5), alpha=0.1, source=source, rtol=1e-12, preconditioner="jacobi"),
+        "landmark": lambda source: LandmarkRidge(RBF(0.5), alpha=0.1, n_landmarks=50, source=source, rtol=1e-12),
+    }
+    for name, make in estimators.items():
+        ref = make("streamed").fit(X, Y)
+        for split in (170, 300):  # uneven shards, then rank 1 empty
+            rows = slice(0, split) if rank == 0 else slice(split, 300)
+            model = make("sharded").fit(X[rows], Y[rows])
+            label = f"{name} split {split}"
+            coef = model.dual_coef_ if name.startswith("ridge") else model.coef_
+            _close(coef, ref.dual_coef_ if name.startswith("ridge") else ref.coef_, label)
+            _close(model.predict(Xq), ref.predict(Xq), label + " predict")
+            scalars = torch.tensor([model.info_.iterations, model.info_.matvecs], dtype=torch.float64)
+            payload = torch.cat([scalars, coef.reshape(-1)])
+            both = [torch.empty_like(payload) for _ in range(world_size)]
+            dist.all_gather(both, payload)  # identical on every rank, bit for bit
+            assert torch.equal(both[0], both[1]), f"{label}: ranks disagree"
+    # one rank's bad input raises on both ranks, no rank hangs
+    bad = X[:150].clone()
+    if rank == 1:
+        bad[3, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN" if rank == 1 else "rank\\(s\\) \\[1\\]"):
+        KernelRidge(RBF(0.5), source="sharded").fit(bad, Y[:150])
+    with pytest.raises(ValueError, match="same number of features"):
+        KernelRidge(RBF(0.5), source="sharded").fit(X[:10, : 2 + rank], Y[:10])
+    with pytest.raises(ValueError, match="not differentiable"):
+        KernelRidge(RBF(0.5), source="sharded").fit(X[:10].requires_grad_(), Y[:10])
+
+
+@pytest.mark.slow
+def test_sharded_ridge_fits_equal_single_process():
+    run_on_ranks(_check)
+
+
+def test_sharded_source_is_refused_where_not_implemented():
+    with pytest.raises(ValueError, match="source='sharded' is available for KernelRidge and LandmarkRidge"):
+        KernelPCA(RBF(0.5), source="sharded").fit(torch.randn(10, 2))
+
+
+def test_sharded_fit_needs_a_process_group():
+    with pytest.raises(RuntimeError, match="not initialised"):
+        KernelRidge(RBF(0.5), source="sharded").fit(torch.randn(10, 2), torch.randn(10))
