@@ -6,16 +6,12 @@ rank holds an uneven shard of the reduced axis (10 and 7 rows; then 17 and
 shard must be its rows of the full gradient, and replicated variables' full
 gradients on every rank.
 """
-import os
-import queue as queue_module
-import tempfile
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import lazytensor as lt
+from tests.spawn import run_ranks
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 
@@ -72,76 +68,50 @@ def _with_grads(op, a, b, c, kw):
     return out, torch.autograd.grad((out * w).sum(), [a, b, c], allow_unused=True)
 
 
-def _worker(rank, path, queue):
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
-    torch.set_num_threads(1)
-    try:
-        x, y, b = data()
-        full = run_all(x, y, b)
-        for split in (10, 17):  # uneven shards, then an empty one
-            rows = slice(0, split) if rank == 0 else slice(split, 17)
-            with lt.distributed.sharded():
-                sharded = run_all(x, y[rows], b[rows])
-            for name in REDUCTIONS:
-                (outs, grads), (ref_outs, ref_grads) = sharded[name], full[name]
-                label = f"{name} split {split}"
-                for a, r in zip(outs, ref_outs):
-                    torch.testing.assert_close(a, r, **TOL, msg=lambda m, label=label: f"{label}: {m}")
-                gx, gy, gb = grads
-                rx, ry, rb = ref_grads
-                for a, r in ((gx, rx), (gy, None if ry is None else ry[rows]), (gb, None if rb is None else rb[rows])):
-                    if r is None:
-                        assert a is None or not a.abs().any()
-                    else:
-                        torch.testing.assert_close(a, r, **TOL, msg=lambda m, label=label: f"{label} gradient: {m}")
-        # the group= keyword, the reduction over i (the i axis sharded) and every named operator
-        rows = slice(0, 10) if rank == 0 else slice(10, 17)
-        world = dist.group.WORLD
-        out = (-lt.Vi(y[rows]).sqdist(lt.Vj(x))).exp().sum(0, group=world)
-        torch.testing.assert_close(out, torch.exp(-torch.cdist(y, x) ** 2).sum(0).unsqueeze(-1), **TOL)
-        for name, op in NAMED.items():
-            full_out, full_grads = _with_grads(op, x, y, b, {})
-            out, grads = _with_grads(op, x, y[rows], b[rows], {"group": world})
-            torch.testing.assert_close(out, full_out, **TOL, msg=lambda m, n=name: f"{n}: {m}")
-            for a, r, local in zip(grads, full_grads, (False, True, True)):
-                if r is not None:
-                    torch.testing.assert_close(a, r[rows] if local else r, **TOL, msg=lambda m, n=name: f"{n} grad: {m}")
-        q, kk, vv = (torch.randn(2, 3, 17, 4, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
-                     for s in (1, 2, 3))
-        for causal in (False, True):
-            def attend(a, b_, c, causal=causal, **kw):
-                return lt.attention(a, b_, c, is_causal=causal, **kw)
+def _check(rank):
+    x, y, b = data()
+    full = run_all(x, y, b)
+    for split in (10, 17):  # uneven shards, then an empty one
+        rows = slice(0, split) if rank == 0 else slice(split, 17)
+        with lt.distributed.sharded():
+            sharded = run_all(x, y[rows], b[rows])
+        for name in REDUCTIONS:
+            (outs, grads), (ref_outs, ref_grads) = sharded[name], full[name]
+            label = f"{name} split {split}"
+            for a, r in zip(outs, ref_outs):
+                torch.testing.assert_close(a, r, **TOL, msg=lambda m, label=label: f"{label}: {m}")
+            gx, gy, gb = grads
+            rx, ry, rb = ref_grads
+            for a, r in ((gx, rx), (gy, None if ry is None else ry[rows]), (gb, None if rb is None else rb[rows])):
+                if r is None:
+                    assert a is None or not a.abs().any()
+                else:
+                    torch.testing.assert_close(a, r, **TOL, msg=lambda m, label=label: f"{label} gradient: {m}")
+    # the group= keyword, the reduction over i (the i axis sharded) and every named operator
+    rows = slice(0, 10) if rank == 0 else slice(10, 17)
+    world = dist.group.WORLD
+    out = (-lt.Vi(y[rows]).sqdist(lt.Vj(x))).exp().sum(0, group=world)
+    torch.testing.assert_close(out, torch.exp(-torch.cdist(y, x) ** 2).sum(0).unsqueeze(-1), **TOL)
+    for name, op in NAMED.items():
+        full_out, full_grads = _with_grads(op, x, y, b, {})
+        out, grads = _with_grads(op, x, y[rows], b[rows], {"group": world})
+        torch.testing.assert_close(out, full_out, **TOL, msg=lambda m, n=name: f"{n}: {m}")
+        for a, r, local in zip(grads, full_grads, (False, True, True)):
+            if r is not None:
+                torch.testing.assert_close(a, r[rows] if local else r, **TOL, msg=lambda m, n=name: f"{n} grad: {m}")
+    q, kk, vv = (torch.randn(2, 3, 17, 4, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+                 for s in (1, 2, 3))
+    for causal in (False, True):
+        def attend(a, b_, c, causal=causal, **kw):
+            return lt.attention(a, b_, c, is_causal=causal, **kw)
 
-            full_out, full_grads = _with_grads(attend, q[:, :, :13], kk, vv, {})
-            out, grads = _with_grads(attend, q[:, :, :13], kk[:, :, rows], vv[:, :, rows], {"group": world})
-            torch.testing.assert_close(out, full_out, **TOL)
-            for a, r, local in zip(grads, full_grads, (False, True, True)):
-                torch.testing.assert_close(a, r[:, :, rows] if local else r, **TOL)
-        queue.put((rank, "ok"))
-    except BaseException as exc:  # noqa: BLE001 - report to the parent, which fails the test
-        queue.put((rank, f"{type(exc).__name__}: {exc}"))
-    finally:
-        dist.destroy_process_group()
+        full_out, full_grads = _with_grads(attend, q[:, :, :13], kk, vv, {})
+        out, grads = _with_grads(attend, q[:, :, :13], kk[:, :, rows], vv[:, :, rows], {"group": world})
+        torch.testing.assert_close(out, full_out, **TOL)
+        for a, r, local in zip(grads, full_grads, (False, True, True)):
+            torch.testing.assert_close(a, r[:, :, rows] if local else r, **TOL)
 
 
 @pytest.mark.slow
 def test_sharded_reductions_equal_single_process():
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_worker, args=(rank, path, queue)) for rank in range(2)]
-        for p in procs:
-            p.start()
-        reports = {}
-        while len(reports) < len(procs):  # until both report, or one dies without reporting
-            try:
-                rank, report = queue.get(timeout=5)
-                reports[rank] = report
-            except queue_module.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in reports]
-                if dead:
-                    reports.update({r: f"exited with code {procs[r].exitcode} without a report" for r in dead})
-        for p in procs:
-            p.join()
-    assert reports == {0: "ok", 1: "ok"}, reports
+    assert run_ranks(_check) == {0: "ok", 1: "ok"}
