@@ -1,12 +1,14 @@
 """Scale-out benchmark: one process against two (gloo, one thread each) on the same problems.
 
-    python benchmarks/distributed.py [--n 16384] [--repeats 3] [--ridge-n 16384]
+    python benchmarks/distributed.py [--n 16384] [--repeats 3] [--ridge-n 16384] [--polytope-samples 4096]
 
 Cases, each checked against the single-process result before it is timed:
 - ``rbf``: ``(-0.5 |x_i - y_j|^2).exp() @ b`` (D = 3, C = 16, float32) with y and b
   sharded over j, x replicated: every rank gets the full (N, C) result;
 - ``ridge``: ``KernelRidge(RBF(0.5), 1.0, source="sharded")`` fitted on row shards of an
-  n x 8 float64 problem (when the solvers package provides the sharded source).
+  n x 8 float64 problem (when the solvers package provides the sharded source);
+- ``polytope``: two ``polytope.train`` steps (default options) of a 16-64-64-1 float64 MLP on
+  that many samples, where scoring the candidates dominates; ``group=`` splits them over the ranks.
 
 Prints the best-of-repeats seconds for 1 and 2 processes and the speed-up.
 """
@@ -42,6 +44,21 @@ def ridge(X, Y, source):
     return KernelRidge(RBF(0.5), alpha=1.0, source=source).fit(X, Y).dual_coef_
 
 
+def polytope_steps(samples, group):
+    from torch import nn
+
+    from polytope import train
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(samples, 16, generator=gen, dtype=torch.float64)
+    y = torch.sin(x[:, :4].sum(1, keepdim=True))
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1)).double()
+    train(model, nn.functional.mse_loss, (x, y), steps=2, seed=0, progress=False, group=group)
+    return nn.utils.parameters_to_vector(model.parameters()).detach()
+
+
 def best_of(fn, repeats):
     fn()  # warm-up: compilation and allocations
     times = []
@@ -67,6 +84,9 @@ def cases(args, rank, world):
         X, Y = ridge_inputs(args.ridge_n)
         source = "sharded" if world > 1 else "streamed"
         yield "ridge", lambda: ridge(shard(X, rank, world), shard(Y, rank, world), source)
+    if args.polytope_samples:
+        group = dist.group.WORLD if world > 1 else None
+        yield "polytope", lambda: polytope_steps(args.polytope_samples, group)
 
 
 def worker(rank, world, path, args, queue):
@@ -77,7 +97,7 @@ def worker(rank, world, path, args, queue):
     for name, fn in cases(args, rank, world):
         with lt.distributed.sharded() if world > 1 else _nothing():
             out = fn()
-            norm = float(out.double().norm()) if world == 1 or name == "rbf" else None  # ridge: this rank's shard
+            norm = float(out.double().norm()) if world == 1 or name != "ridge" else None  # ridge: this rank's shard
             results[name] = (best_of(fn, args.repeats), norm)
     queue.put((rank, results))
     if world > 1:
@@ -109,6 +129,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=16384)
     p.add_argument("--ridge-n", type=int, default=0, help="also fit a sharded ridge of this size (0: skip)")
+    p.add_argument("--polytope-samples", type=int, default=0, help="also time polytope.train steps on this many samples")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     one, two = run(1, args), run(2, args)

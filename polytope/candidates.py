@@ -59,6 +59,10 @@ class CandidateBatch:
     def count(self) -> int:
         return sum(g.count for g in self.groups)
 
+    def rows(self, start: int, stop: int) -> CandidateBatch:
+        """Candidates ``start:stop`` (in group order) as a batch around the same base."""
+        return CandidateBatch(self.base, cut(self.groups, start, stop), self.subspace)
+
     def group_displacements(self, group: CandidateGroup) -> torch.Tensor:
         """(C_g, n) flat displacements of one group."""
         if self.subspace is None:
@@ -74,3 +78,16 @@ class CandidateBatch:
         if not self.groups:
             return self.base.new_zeros(0, self.base.numel())
         return self.base + torch.cat([self.group_displacements(g) for g in self.groups])
+
+
+def cut(groups: list[CandidateGroup], start: int, stop: int) -> list[CandidateGroup]:
+    """Candidates ``start:stop`` of the groups concatenated, as groups (those cut keep their info; empty ones are dropped)."""
+    out, offset = [], 0
+    for group in groups:
+        a, b = max(start - offset, 0), min(stop - offset, group.count)
+        if a == 0 and b == group.count and b > 0:
+            out.append(group)
+        elif a < b:
+            out.append(CandidateGroup(group.index, group.delta[a:b], dict(group.info, rows=(a, b))))
+        offset += group.count
+    return out

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 import torch
 
-from .candidates import CandidateBatch, CandidateGroup
+from .candidates import CandidateBatch, CandidateGroup, cut
 
 
 @runtime_checkable
@@ -56,16 +56,6 @@ def chunks(groups: list[CandidateGroup], size: int | None) -> Iterator[list[Cand
     if size is None:
         yield groups
         return
-    current, room = [], size
-    for group in groups:
-        start = 0
-        while start < group.count:
-            take = min(room, group.count - start)
-            info = dict(group.info, rows=(start, start + take))
-            current.append(CandidateGroup(group.index, group.delta[start:start + take], info))
-            start, room = start + take, room - take
-            if room == 0:
-                yield current
-                current, room = [], size
-    if current:
-        yield current
+    total = sum(group.count for group in groups)
+    for start in range(0, total, size):
+        yield cut(groups, start, start + size)

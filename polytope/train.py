@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torch import nn
 
+from . import distributed
 from . import validation as check
 from .optimizer import PolytopeOptimizer
 
@@ -101,31 +102,36 @@ def _check_dtype(model: nn.Module, inputs: torch.Tensor) -> None:
                         f"convert one of them (e.g. inputs.to({param.dtype}) or model.to({inputs.dtype}))")
 
 
-def _make_evaluator(model: nn.Module, loss_fn: Callable, optimizer: PolytopeOptimizer):
-    """NNCostEvaluator when the evaluator module exists, else None (closure fallback)."""
+def _make_evaluator(model: nn.Module, loss_fn: Callable, optimizer: PolytopeOptimizer, group):
+    """NNCostEvaluator (scoring across ``group``'s ranks when set) if the evaluator module exists, else None (closure)."""
     try:
         from .evaluators import NNCostEvaluator
     except ImportError:
         return None
     accepted = inspect.signature(NNCostEvaluator).parameters
     options = {k: v for k, v in dataclasses.asdict(optimizer.evaluator_options).items() if k in accepted}
-    evaluator = NNCostEvaluator(model, loss_fn, **options)
+    evaluator = NNCostEvaluator(model, loss_fn, group=group, **options)
     return evaluator if callable(getattr(evaluator, "evaluate_batch", None)) else None
 
 
-def flat_closure(model: nn.Module, loss_fn: Callable, inputs, targets) -> Callable[..., torch.Tensor]:
-    """closure(candidates (C, n), subset=None) -> (C,) losses, one functional forward per candidate."""
+def flat_closure(model: nn.Module, loss_fn: Callable, inputs, targets, shards=None) -> Callable[..., torch.Tensor]:
+    """closure(candidates (C, n), subset=None) -> (C,) losses, one functional forward per candidate
+    (this rank's range of them, all-gathered, with ``shards`` from ``distributed.sharding``)."""
     names = [name for name, _ in model.named_parameters()]
     shapes = [p.shape for _, p in model.named_parameters()]
     sizes = [p.numel() for _, p in model.named_parameters()]
 
     def closure(candidates: torch.Tensor, subset: torch.Tensor | None = None) -> torch.Tensor:
         x, y = (inputs, targets) if subset is None else (inputs[subset], targets[subset])
-        losses = []
-        for row in candidates:
-            params = {n: t.view(s) for n, t, s in zip(names, row.split(sizes), shapes)}
-            losses.append(loss_fn(torch.func.functional_call(model, params, (x,)), y).detach())
-        return torch.stack(losses)
+
+        def score(start: int, stop: int) -> torch.Tensor:
+            losses = []
+            for row in candidates[start:stop]:
+                params = {n: t.view(s) for n, t, s in zip(names, row.split(sizes), shapes)}
+                losses.append(loss_fn(torch.func.functional_call(model, params, (x,)), y).detach().reshape(-1))
+            return torch.cat(losses) if losses else candidates.new_empty(0)
+
+        return distributed.scored(shards, candidates.shape[0], score)
 
     return closure
 
@@ -168,6 +174,7 @@ def train(
     progress: bool = True,
     use_evaluator: bool = True,
     callback: Callable[[int, PolytopeOptimizer, History], None] | None = None,
+    group=None,
     **optimizer_options,
 ) -> History:
     """Optimize ``model`` on ``data`` without gradients; stops at ``steps`` or ``max_evaluations``.
@@ -178,6 +185,11 @@ def train(
     ``max_evaluations`` is a hard cap: the last step shrinks to what is left.
     The evaluator is unregistered however train() ends (an exception or
     KeyboardInterrupt included), so the optimizer stays usable with a closure.
+
+    ``group`` (a ``torch.distributed`` process group): every rank runs train()
+    with the same arguments, seed and data; each step's candidates are scored
+    in contiguous ranges across the ranks and their losses all-gathered, so
+    every rank takes the single-process trajectory (``polytope/distributed.py``).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -196,6 +208,7 @@ def train(
         raise TypeError(f"callback must be callable (step, optimizer, history) or None, got {type(callback).__name__}")
     if next(model.parameters(), None) is None:
         raise ValueError("model has no parameters to train")
+    shards = distributed.sharding(group)
     generator = torch.Generator().manual_seed(0 if seed is None else seed)
     batches, stationary = _batches(data, batch_size, generator)
     if optimizer is None:
@@ -206,7 +219,7 @@ def train(
         raise TypeError(f"optimizer must be a PolytopeOptimizer or None, got {type(optimizer).__name__}")
     elif {id(p) for p in optimizer._params} != {id(p) for p in model.parameters()}:
         raise ValueError("optimizer must have been built on model.parameters()")
-    evaluator = _make_evaluator(model, loss_fn, optimizer) if use_evaluator else None
+    evaluator = _make_evaluator(model, loss_fn, optimizer, group) if use_evaluator else None
     history = History()
     monitor = StallMonitor(stationary)
     spent_before = optimizer.evaluations
@@ -233,7 +246,8 @@ def train(
                     optimizer.register_evaluator(evaluator, inputs, targets)
                     optimizer.step(objective_token=token, max_evaluations=left)
                 else:
-                    optimizer.step(flat_closure(model, loss_fn, inputs, targets), objective_token=token, max_evaluations=left)
+                    closure = flat_closure(model, loss_fn, inputs, targets, shards)
+                    optimizer.step(closure, objective_token=token, max_evaluations=left)
                 if optimizer.last_info.get("exhausted"):
                     break  # the budget left cannot pay for one probe pair
                 with torch.no_grad():

@@ -21,6 +21,10 @@ change. Each group then runs through the first path that accepts it
 ``sequential``     the model (or a layer) cannot run under vmap
 =================  ==========================================================
 
+``group=`` (a ``torch.distributed`` process group) splits every call's
+candidates across the group's ranks in contiguous ranges and all-gathers the
+losses (``polytope/distributed.py``): each rank returns all of them.
+
 ``reuse=False`` turns off everything that shares work between candidates
 (delta, dense-prefix and site-local paths): every candidate then runs the whole
 forward under vmap. It exists as the baseline the benchmarks compare against.
@@ -33,6 +37,7 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
+from .. import distributed
 from ..candidates import CandidateBatch
 from ..param_layout import ParameterLayout
 from .chunking import ChunkRunner, estimate_chunk, memory_budget
@@ -66,8 +71,8 @@ class NNCostEvaluator:
 
     Never changes the model's parameters (the in-place path restores them
     exactly). ``last_path`` names the path that ran last; ``path_counts``
-    counts candidates per path. Call ``reset_vmap()`` after replacing layers,
-    parameters or buffers.
+    counts candidates per path (this rank's, under ``group=``). Call
+    ``reset_vmap()`` after replacing layers, parameters or buffers.
     """
 
     def __init__(
@@ -83,6 +88,7 @@ class NNCostEvaluator:
         compile_forward: bool | None = None,
         candidate_autocast=None,
         sparse_fraction: float = 0.125,
+        group=None,
     ):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -103,6 +109,7 @@ class NNCostEvaluator:
         self.compile_forward = compile_forward
         self.autocast_dtype = _autocast_dtype(candidate_autocast)
         self.sparse_fraction = sparse_fraction
+        self.shards = distributed.sharding(group)
         self.last_path: str | None = None
         self.path_counts: Counter = Counter()
         self.reset_vmap()
@@ -158,10 +165,15 @@ class NNCostEvaluator:
         """
         if isinstance(candidates, CandidateBatch):
             return self.evaluate_batch(candidates, inputs, targets)
+        self._check_vector(candidates, "candidates", batched=True)
         self._check_inputs(inputs)
+
+        def score(start: int, stop: int) -> torch.Tensor:
+            base, groups = self.analyse(candidates[start:stop])
+            return self._run(groups, stop - start, base, inputs, targets)
+
         with torch.no_grad():
-            base, groups = self.analyse(candidates)
-            return self._run(groups, candidates.shape[0], base, inputs, targets)
+            return self._scored(candidates.shape[0], score)
 
     def analyse(self, candidates: torch.Tensor) -> tuple[torch.Tensor, list[Group]]:
         """(model parameters, groups): how ``evaluate`` splits flat candidates, without scoring them."""
@@ -181,10 +193,21 @@ class NNCostEvaluator:
         self._check_inputs(inputs)
         if batch.subspace is not None and getattr(batch.subspace, "layout", self.layout).n != self.layout.n:
             raise ValueError("batch.subspace was built for a model with a different number of parameters")
+
+        def score(start: int, stop: int) -> torch.Tensor:
+            return self._run(batch_groups(batch.rows(start, stop), self.layout), stop - start, batch.base, inputs, targets)
+
         with torch.no_grad():
-            return self._run(batch_groups(batch, self.layout), batch.count, batch.base, inputs, targets)
+            return self._scored(batch.count, score)
 
     # ---------------------------------------------------------------- running
+    def _scored(self, count: int, score) -> torch.Tensor:
+        """``score(start, stop)`` on all candidates, or on this rank's range and gathered (``group=``)."""
+        if self.shards is None:
+            return score(0, count)
+        dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)  # an empty range's too
+        return distributed.scored(self.shards, count, lambda start, stop: score(start, stop).to(dtype))
+
     def _run(self, groups: list[Group], count: int, base: torch.Tensor, inputs, targets) -> torch.Tensor:
         """Every group through its path; losses back in the caller's order."""
         out = None
