@@ -6,7 +6,7 @@ Cases, each checked against the single-process result before it is timed:
 - ``rbf``: ``(-0.5 |x_i - y_j|^2).exp() @ b`` (D = 3, C = 16, float32) with y and b
   sharded over j, x replicated: every rank gets the full (N, C) result;
 - ``ridge``: ``KernelRidge(RBF(0.5), 1.0, source="sharded")`` fitted on row shards of an
-  n x 8 float64 problem (when the solvers package provides the sharded source);
+  n x 8 float64 problem (one process: ``source="streamed"``); every rank's dual coefficients;
 - ``polytope``: two ``polytope.train`` steps (default options) of a 16-64-64-1 float64 MLP on
   that many samples, where scoring the candidates dominates; ``group=`` splits them over the ranks.
 
@@ -97,7 +97,7 @@ def worker(rank, world, path, args, queue):
     for name, fn in cases(args, rank, world):
         with lt.distributed.sharded() if world > 1 else _nothing():
             out = fn()
-            norm = float(out.double().norm()) if world == 1 or name != "ridge" else None  # ridge: this rank's shard
+            norm = float(out.double().norm())
             results[name] = (best_of(fn, args.repeats), norm)
     queue.put((rank, results))
     if world > 1:

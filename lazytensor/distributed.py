@@ -124,3 +124,14 @@ def sharded(group=None):
         yield
     finally:
         _ACTIVE.reset(token)
+
+
+@contextlib.contextmanager
+def local():
+    """Reductions inside see only this rank's data, even within ``sharded`` (for callers that
+    split the work themselves and merge with their own collective, as solvers' sharded sources)."""
+    token = _ACTIVE.set(None)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)

@@ -143,8 +143,9 @@ class _Ridge(RegressorMixin, Estimator):
             out = self._streamed(X, centres) @ coef
         else:
             X, numpy_out = agree_on_ranks(sharding, lambda: self._query_points(X, centres))
-            with torch.no_grad():
-                out = sharding.all_reduce(self._streamed(X, centres) @ coef)
+            with torch.no_grad(), distributed.local():
+                mine = self._streamed(X, centres) @ coef
+            out = sharding.all_reduce(mine)
         return as_output(out.squeeze(1) if self._vector_targets else out, numpy_out)
 
     def score(self, X, y) -> float:

@@ -247,33 +247,39 @@ class ShardedKernel(Source):
         self.shape = (self.X.shape[0], self.Y.shape[0])
         self.dtype, self.device = self.X.dtype, self.X.device
 
-    def _rows(self, local: torch.Tensor) -> torch.Tensor:
-        return self.sharding.gather_rows(local)[0]
+    def _rows(self, local) -> torch.Tensor:
+        """Every rank's rows of ``local()`` (this rank's product, computed unsharded), in rank order."""
+        with torch.no_grad(), distributed.local():
+            mine = local()
+        return self.sharding.gather_rows(mine)[0]
+
+    def _summed(self, local) -> torch.Tensor:
+        """The sum over ranks of ``local()`` (this rank's rows' contribution)."""
+        with torch.no_grad(), distributed.local():
+            mine = local()
+        return self.sharding.all_reduce(mine)
 
     def matmul(self, V):
-        with torch.no_grad():
-            return self._rows(self.local.matmul(V))
+        return self._rows(lambda: self.local.matmul(V))
 
     def rmatmul(self, U):
-        with torch.no_grad():
-            return self.sharding.all_reduce(self.local.rmatmul(U[self.rows]))
+        return self._summed(lambda: self.local.rmatmul(U[self.rows]))
 
     def gram(self, V):
         """``K^T (K V)``: this rank's rows of ``K V`` stay local; one all-reduce of the (m, c) sum."""
-        with torch.no_grad():
-            return self.sharding.all_reduce(self.local.rmatmul(self.local.matmul(V)))
+        return self._summed(lambda: self.local.rmatmul(self.local.matmul(V)))
 
     def diag(self) -> torch.Tensor:
         if not self.symmetric:
             raise ValueError("diag() needs a square kernel source (Y=None)")
         own = StreamedKernel(self.local.kernel, self.local.X, tile_dtype=self.local.tile_dtype)
-        return self._rows(own.diag())
+        return self._rows(own.diag)
 
     def squared_row_norms(self) -> torch.Tensor:
-        return self._rows(self.local.squared_row_norms())
+        return self._rows(self.local.squared_row_norms)
 
     def columns(self, idx: torch.Tensor) -> torch.Tensor:
-        return self._rows(self.local.columns(idx))
+        return self._rows(lambda: self.local.columns(idx))
 
 
 def as_source(A) -> Source:

@@ -48,6 +48,14 @@ def _check(rank, world_size):
             both = [torch.empty_like(payload) for _ in range(world_size)]
             dist.all_gather(both, payload)  # identical on every rank, bit for bit
             assert torch.equal(both[0], both[1]), f"{label}: ranks disagree"
+    # inside lazytensor's sharded() context (the group comes from it; the fit's own products stay local)
+    import lazytensor as lt
+
+    rows = slice(0, 170) if rank == 0 else slice(170, 300)
+    ref = estimators["ridge"]("streamed").fit(X, Y)
+    with lt.distributed.sharded():
+        model = estimators["ridge"]("sharded").fit(X[rows], Y[rows])
+        _close(model.predict(Xq), ref.predict(Xq), "ridge inside sharded()")
     # one rank's bad input raises on both ranks, no rank hangs
     bad = X[:150].clone()
     if rank == 1:

@@ -1,0 +1,55 @@
+"""Compilation cost of a new formula: cold (empty inductor cache) and warm (cache on disk, fresh process).
+
+    python benchmarks/compile_times.py [--n 4096] [--threads 2]
+
+Each measurement runs in a fresh Python process: the first forward call of
+``(-g |x_i - y_j|^2).exp() @ b`` (``backend="compiled"``, N = M = n, D = 3,
+C = 16, float32), then its first backward (gradient in x), then a second
+call of each (the compiled kernels reused). Run 1 uses an empty
+``TORCHINDUCTOR_CACHE_DIR`` (cold machine); run 2 a fresh process over the
+cache run 1 left (warm disk cache). Prints one JSON line per run.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+CHILD = r"""
+import json, sys, time, torch
+import lazytensor as lt
+torch.set_num_threads(int(sys.argv[2]))
+n = int(sys.argv[1])
+gen = torch.Generator().manual_seed(0)
+x, y, b = (torch.randn(n, w, generator=gen) for w in (3, 3, 16))
+def forward(x):
+    return ((-0.37 * lt.Vi(x).sqdist(lt.Vj(y))).exp() * lt.Vj(b)).sum(1, backend="compiled")
+def timed(fn):
+    start = time.perf_counter(); fn(); return time.perf_counter() - start
+start = time.perf_counter(); import torch._inductor  # noqa: the import is part of a cold start
+xs = x.clone().requires_grad_()
+out = {"import_s": time.perf_counter() - start}
+out["first_forward_s"] = timed(lambda: forward(x))
+out["first_backward_s"] = timed(lambda: forward(xs).sum().backward())
+out["second_forward_s"] = timed(lambda: forward(x))
+out["second_backward_s"] = timed(lambda: forward(xs).sum().backward())
+print(json.dumps(out))
+"""
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=4096)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+        for label in ("cold", "warm"):
+            done = subprocess.run([sys.executable, "-c", CHILD, str(args.n), str(args.threads)], env=env,
+                                  capture_output=True, text=True, check=True)
+            print(json.dumps({"cache": label, **json.loads(done.stdout.strip().splitlines()[-1])}))
+
+
+if __name__ == "__main__":
+    main()
