@@ -36,6 +36,7 @@ class ArgMin(Reduction):
     """Running minimum and its first index; ``sign=-1`` gives max/argmax. NaN propagates like torch.min."""
 
     differentiable = (True, False)
+    tile_hint = (256, 4096)  # wider tiles, fewer merges (min_argmin of sqdist, N = M = 8192, 1 thread: 0.072 -> 0.058 s)
 
     def __init__(self, expr: sympy.Expr, info: dict, sign: int = 1):
         self.expr = expr
