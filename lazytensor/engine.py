@@ -45,6 +45,10 @@ CUDA_MAX_TILE = 16384
 # once. A one-off call never waits seconds for a compile it cannot amortise; a loop pays one.
 AUTO_COMPILE_MIN_PAIRS = 1 << 22
 COMPILE_AFTER_SECONDS = 1.0
+# Under a sharding, row blocks' reduction states are merged across ranks in batches of about
+# this many bytes: one collective per batch instead of one per row block (latency dominates
+# small all-reduces), with bounded memory (quantile histograms are large).
+MERGE_BYTES = 16 << 20
 BACKENDS = ("auto", "compiled", "eager")
 
 
@@ -323,14 +327,40 @@ def _expansion_safe(problem: Problem) -> bool:
     return all(bool(torch.isfinite(t).all()) for s, t in problem.tensors.items() if problem.info[s].axis != "p")
 
 
+def _nbytes(state) -> int:
+    return 0 if state is None else sum(t.numel() * t.element_size() for t in state)
+
+
+def _merge_ranks(sharding, consumers, by_column, pending: list, batch: int, results: list) -> None:
+    """Merge the pending row blocks' states across ranks, then finalize them (``pending`` is emptied).
+
+    The blocks' states are concatenated along their rows, so a consumer merges
+    all of them in one collective; a state whose tensors do not all carry the
+    block's rows on dim 1 is merged block by block.
+    """
+    padded = [rows for _, rows, _ in pending]
+    for k, cons in enumerate(consumers):
+        if by_column[k]:
+            continue
+        parts = [states[k] for states, _, _ in pending]
+        if all(t.shape[1] == rows for part, rows in zip(parts, padded) for t in part):
+            merged = cons.finalize(sharding.merge(cons, tuple(torch.cat(ts, 1) for ts in zip(*parts))), sum(padded), batch)
+            blocks = zip(*(o.split(padded, 1) for o in merged))
+        else:
+            blocks = (cons.finalize(sharding.merge(cons, part), rows, batch) for part, rows in zip(parts, padded))
+        results[k].extend(tuple(o[:, :valid] for o in outs) for outs, (_, _, valid) in zip(blocks, pending))
+    pending.clear()
+
+
 def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_size=None, ranges=None, sharding=None):
     """One pass over all tiles; returns each consumer's finalized outputs.
 
     Consumers reducing over j return (B, N, ...) tensors, column sums (B, M, D).
     ``ranges`` (from ``check_ranges``) restricts the pass to the kept blocks.
     With a ``sharding`` (``lazytensor.distributed``) the j axis is this rank's
-    shard: indices are global and each row block's states are merged across
-    ranks before they are finalized, so every rank returns the full result.
+    shard: indices are global and the row blocks' states are merged across
+    ranks (in batches of ``MERGE_BYTES``) before they are finalized, so every
+    rank returns the full result.
     """
     n, m, batch = problem.size("i"), problem.size("j"), problem.batch
     offset, total = 0, m
@@ -384,6 +414,7 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
     by_column = [c.reduced_axis == "i" for c in consumers]  # column sums: state spans all (local) columns
     results: list[list[tuple]] = [[] for _ in consumers]
     column_states = {k: c.initial_state(batch, width, dtype, device) for k, c in enumerate(consumers) if by_column[k]}
+    pending: list[tuple] = []  # sharded: row blocks' states waiting to be merged across ranks together
     for (r0, r1), column_ranges in tile_schedule(n, width, plan, clusters):
         rows = [_block(tensors[s], r0, r1, plan.rows, compiled) for s in i_syms]
         valid_rows = r1 - r0
@@ -394,11 +425,16 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
             partials = kernel(rows, cols, params, mask, rowmask)
             at = [slice(c0, c1) if column else offset + c0 for column in by_column]
             states = [cons.combine(st, p, a) for cons, st, p, a in zip(consumers, states, partials, at)]
-        for k, cons in enumerate(consumers):
-            if not by_column[k]:
-                state = states[k] if sharding is None else sharding.merge(cons, states[k])
-                outs = cons.finalize(state, rows[0].shape[1], batch)
-                results[k].append(tuple(o[:, :valid_rows] for o in outs))
+        if sharding is None:
+            for k, cons in enumerate(consumers):
+                if not by_column[k]:
+                    results[k].append(tuple(o[:, :valid_rows] for o in cons.finalize(states[k], rows[0].shape[1], batch)))
+        else:
+            pending.append((states, rows[0].shape[1], valid_rows))
+            if sum(_nbytes(s) for entry in pending for s in entry[0]) >= MERGE_BYTES:
+                _merge_ranks(sharding, consumers, by_column, pending, batch, results)
+    if pending:
+        _merge_ranks(sharding, consumers, by_column, pending, batch, results)
     for k, state in column_states.items():
         results[k].append(tuple(o[:, :m] for o in consumers[k].finalize(state, width, batch)))
     if not compiled and n * m >= AUTO_COMPILE_MIN_PAIRS:

@@ -87,6 +87,30 @@ def _check(rank, world_size):
                     assert a is None or not a.abs().any()
                 else:
                     torch.testing.assert_close(a, r, **TOL, msg=lambda m, label=label: f"{label} gradient: {m}")
+    # several row blocks (300 rows in blocks of 64), merged across ranks in one batch and block by block
+    from lazytensor import engine
+
+    x_tall = torch.randn(300, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    rows = slice(0, 10) if rank == 0 else slice(10, 17)
+    blocked = {
+        "sum": lambda f, b: (f.exp() * lt.Vj(b)).sum(1, chunk_size=64),
+        "kmin": lambda f, b: (-f).kmin_argkmin(4, 1, chunk_size=64),
+        "quantile": lambda f, b: (-f).quantile(torch.tensor([0.2, 0.5], dtype=torch.float64), 1, chunk_size=64),
+    }
+    saved = engine.MERGE_BYTES
+    try:
+        for merge_bytes in (saved, 1):
+            engine.MERGE_BYTES = merge_bytes
+            for name, reduce in blocked.items():
+                expected = reduce(-lt.Vi(x_tall).sqdist(lt.Vj(y)) * 0.5, b)
+                with lt.distributed.sharded():
+                    got = reduce(-lt.Vi(x_tall).sqdist(lt.Vj(y[rows])) * 0.5, b[rows])
+                as_tuple = lambda t: t if isinstance(t, tuple) else (t,)  # noqa: E731
+                label = f"{name}, merged per {merge_bytes} bytes"
+                for a, r in zip(as_tuple(got), as_tuple(expected)):
+                    torch.testing.assert_close(a, r, **TOL, msg=lambda m, label=label: f"{label}: {m}")
+    finally:
+        engine.MERGE_BYTES = saved
     # the group= keyword, the reduction over i (the i axis sharded) and every named operator
     rows = slice(0, 10) if rank == 0 else slice(10, 17)
     world = dist.group.WORLD
