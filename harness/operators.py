@@ -252,13 +252,9 @@ def workload(case, name, n, m, d, channels, batch, dtype, device, seed, chunk, b
 def memory_workload(**kwargs):
     """Entry for the per-variant memory child (see harness.method.peak_rss_growths_in_subprocess).
 
-    The timed rounds run after warm-up calls, which (backend "auto") compile the
-    streamed kernels; the memory child measures that same steady state, so its
-    one warm-up call compiles at once instead of first accumulating eager time.
+    Like the timed rounds, it measures the compiled steady state.
     """
-    from lazytensor import engine
-
-    engine.COMPILE_AFTER_SECONDS = 0.0
+    method.steady_state_kernels()
     return workload(**kwargs)
 
 
@@ -282,6 +278,7 @@ def run(args) -> int:
         raise cli.UsageError("--batch", f"only the attention case has a batch; got --batch {args.batch} with --case {args.case}")
     output = cli.output_or_default(args.output, f"results/operators-{args.case}.json")
     torch.set_num_threads(args.threads)
+    method.steady_state_kernels()
     config = dict(case=args.case, n=args.n, m=args.m or args.n, d=args.d, channels=args.channels, batch=args.batch,
                   dtype=args.dtype, device=args.device, seed=args.seed, chunk=args.chunk_size, backward=args.backward)
     tolerance = method.default_tolerance(getattr(torch, args.dtype))
