@@ -3,6 +3,9 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 # The dev environment pins torch; pyproject.toml states the supported range.
+# Packages are byte-compiled at install: where PYTHONDONTWRITEBYTECODE is set (as on this
+# project's machines) nothing else writes .pyc files, and every process (test subprocesses,
+# distributed ranks) would recompile torch's and sympy's sources on import (about 2x slower).
 TORCH_PIN := torch==2.13.0
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 
@@ -11,8 +14,8 @@ export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile "$(TORCH_PIN)"
-	$(PY) -m pip install -q --no-compile -e ".[test,compare]"
+	$(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[test,compare]"
 	touch $@
 
 venv: $(VENV)/.installed
