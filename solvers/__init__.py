@@ -9,13 +9,13 @@ from .kernels import RBF, FormulaKernel, Kernel, Laplacian, Matern, as_kernel
 from .krylov import KrylovInfo, cg, golub_kahan_svds, lanczos_eigsh
 from .preconditioners import Cholesky, Jacobi, LowRankPreconditioner, nystrom, pivoted_cholesky
 from .ridge import KernelRidge, LandmarkRidge
-from .sources import FunctionOperator, StoredKernel, StreamedKernel
+from .sources import FunctionOperator, ShardedKernel, StoredKernel, StreamedKernel
 from .spectral import KernelLDA, KernelPCA, KernelSVD
 
 __all__ = [
     "AUTO_DIRECT_MAX_N", "ConvergenceWarning", "NotFittedError",
     "Kernel", "RBF", "Laplacian", "Matern", "FormulaKernel", "as_kernel",
-    "StreamedKernel", "StoredKernel", "FunctionOperator",
+    "StreamedKernel", "ShardedKernel", "StoredKernel", "FunctionOperator",
     "KrylovInfo", "cg", "lanczos_eigsh", "golub_kahan_svds",
     "Cholesky", "Jacobi", "LowRankPreconditioner", "nystrom", "pivoted_cholesky",
     "KernelRidge", "LandmarkRidge", "KernelPCA", "KernelLDA", "KernelSVD",
