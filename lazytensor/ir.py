@@ -301,7 +301,17 @@ class Scatter(VectorOp):
         return Scatter(tangents[0], *self.args[1:])
 
 
-class OneHot(VectorOp):
+class _PiecewiseConstant(VectorOp):
+    """An op whose value is locally constant in its arguments: derivative 0 (no pullback, zero tangent)."""
+
+    def pullback(self, k, cot, info):
+        return None
+
+    def pushforward(self, tangents, info):
+        return sympy.Integer(0)
+
+
+class OneHot(_PiecewiseConstant):
     """``size`` features, 1 at position round(arg) (KeOps: floor(arg + 0.5)), else 0; derivative 0."""
 
     nargs = 2
@@ -309,26 +319,14 @@ class OneHot(VectorOp):
     def width(self, info) -> int:
         return int(self.args[1])
 
-    def pullback(self, k, cot, info):
-        return None
 
-    def pushforward(self, tangents, info):
-        return sympy.Integer(0)
-
-
-class FeatureArgMin(VectorOp):
+class FeatureArgMin(_PiecewiseConstant):
     """The first position of the smallest feature of ``arg`` (as a number); derivative 0."""
 
     nargs = 1
 
     def width(self, info) -> int:
         return 1
-
-    def pullback(self, k, cot, info):
-        return None
-
-    def pushforward(self, tangents, info):
-        return sympy.Integer(0)
 
 
 class FeatureMin(VectorOp):
