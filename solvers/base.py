@@ -277,7 +277,7 @@ class Estimator(_Base):
         if kind not in ("streamed", "sharded") or tile_dtype == X.dtype:
             return exact, exact
         try:
-            return exact, self._source(kind, X, Y, tile_dtype=tile_dtype)
+            return exact, exact.with_tile_dtype(tile_dtype)
         except TypeError:  # a formula closing over tensors of the data's dtype has no float32 version
             if self.tile_dtype is not None:
                 raise

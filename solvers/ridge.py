@@ -210,7 +210,7 @@ class KernelRidge(_Ridge):
         else:
             K, fast = self._sources(self.source_, X)
             if self.source_ == "sharded":  # Krylov vectors are whole on every rank
-                X, Y = K.X, self._sharding.gather_rows(Y)[0]
+                X, Y = K.Y, self._sharding.gather_rows(Y)[0]  # K's columns: every rank's points
             n = X.shape[0]
             low_rank = None
             if self.preconditioner == "nystrom":

@@ -10,6 +10,7 @@ once, and differentiable through lazytensor's streamed backward.
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -163,6 +164,10 @@ class StreamedKernel(Source):
         self.dtype, self.device = self.X.dtype, self.X.device
         self.K = self.formula(self.X, self.Y)  # built once (a bad kernel fails here, with its name); products reuse it
 
+    def with_tile_dtype(self, tile_dtype: torch.dtype) -> "StreamedKernel":
+        """The same kernel evaluated in ``tile_dtype`` (sums still in the dtype of ``X``)."""
+        return StreamedKernel(self.kernel, self.X, None if self.symmetric else self.Y, self.chunk_size, tile_dtype)
+
     def formula(self, X: torch.Tensor, Y: torch.Tensor) -> lt.LazyTensor:
         """The kernel formula on rows ``X`` (i) and columns ``Y`` (j), in the tile dtype."""
         return formula(self.kernel, lt.Vi(X.to(self.tile_dtype)), lt.Vj(Y.to(self.tile_dtype)), self.tile_dtype)
@@ -237,15 +242,22 @@ class ShardedKernel(Source):
                  tile_dtype: torch.dtype | None = None):
         X_local = _check_points(X_local, "X_local").detach()
         self.sharding = sharding or distributed.active() or distributed.Sharding()
-        self.X, sizes = self.sharding.gather_rows(X_local)
+        sizes = self.sharding.sizes(X_local.shape[0], X_local.device)
         start = sum(sizes[:self.sharding.rank])
         self.rows = slice(start, start + X_local.shape[0])
-        self.symmetric = Y is None
-        self.Y = self.X if Y is None else _check_points(Y, "Y").detach()
+        self.symmetric = Y is None  # then the columns are every rank's points, gathered once
+        self.Y = self.sharding.gather_rows(X_local)[0] if Y is None else _check_points(Y, "Y").detach()
         self.local = StreamedKernel(kernel, X_local, self.Y, chunk_size, tile_dtype)
         self.tile_dtype = self.local.tile_dtype
-        self.shape = (self.X.shape[0], self.Y.shape[0])
-        self.dtype, self.device = self.X.dtype, self.X.device
+        self.shape = (sum(sizes), self.Y.shape[0])
+        self.dtype, self.device = X_local.dtype, X_local.device
+
+    def with_tile_dtype(self, tile_dtype: torch.dtype) -> "ShardedKernel":
+        """The same sharded kernel evaluated in ``tile_dtype`` (nothing gathered again)."""
+        other = copy.copy(self)
+        other.local = self.local.with_tile_dtype(tile_dtype)
+        other.tile_dtype = other.local.tile_dtype
+        return other
 
     def _rows(self, local) -> torch.Tensor:
         """Every rank's rows of ``local()`` (this rank's product, computed unsharded), in rank order."""
