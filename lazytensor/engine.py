@@ -415,6 +415,7 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
     results: list[list[tuple]] = [[] for _ in consumers]
     column_states = {k: c.initial_state(batch, width, dtype, device) for k, c in enumerate(consumers) if by_column[k]}
     pending: list[tuple] = []  # sharded: row blocks' states waiting to be merged across ranks together
+    pending_bytes = 0
     for (r0, r1), column_ranges in tile_schedule(n, width, plan, clusters):
         rows = [_block(tensors[s], r0, r1, plan.rows, compiled) for s in i_syms]
         valid_rows = r1 - r0
@@ -431,8 +432,10 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
                     results[k].append(tuple(o[:, :valid_rows] for o in cons.finalize(states[k], rows[0].shape[1], batch)))
         else:
             pending.append((states, rows[0].shape[1], valid_rows))
-            if sum(_nbytes(s) for entry in pending for s in entry[0]) >= MERGE_BYTES:
+            pending_bytes += sum(_nbytes(st) for st, column in zip(states, by_column) if not column)
+            if pending_bytes >= MERGE_BYTES:
                 _merge_ranks(sharding, consumers, by_column, pending, batch, results)
+                pending_bytes = 0
     if pending:
         _merge_ranks(sharding, consumers, by_column, pending, batch, results)
     for k, state in column_states.items():
