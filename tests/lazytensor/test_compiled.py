@@ -3,6 +3,8 @@
 Kernels are cached per process, so these tests share them; they use float32
 tiles on small ragged sizes (padding and masks are exercised).
 """
+import json
+import platform
 import warnings
 
 import pytest
@@ -81,3 +83,39 @@ def test_compile_failure_falls_back_with_one_warning(monkeypatch):
     ref = (torch.cdist(x, y) ** 2 * 1.2345).sum(1, keepdim=True)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(out2, ref)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="Inductor probes vector ISAs on x86 only")
+def test_vector_isa_probed_once_per_machine(monkeypatch, tmp_path):
+    """The first process probes the ISA Inductor will use and records it; later ones skip the probe."""
+    from torch._inductor import config, cpu_vec_isa
+
+    probed = []
+    for cls in {type(isa) for isa in cpu_vec_isa.supported_vec_isa_list}:
+        monkeypatch.setattr(cls, "__bool__", lambda self: probed.append(str(self)) or verdict[0])
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config.cpp, "vec_isa_ok", None)
+    record = tmp_path / "lazytensor-vec-isa.json"
+    verdict = [True]
+
+    def settle():
+        probed.clear()
+        config.cpp.vec_isa_ok = None
+        monkeypatch.setattr(kernels, "_ISA_SETTLED", [])
+        kernels._settle_vector_isa()
+        kernels._settle_vector_isa()  # once per process
+        return probed[:], config.cpp.vec_isa_ok
+
+    if not any(all(f in cpu_vec_isa.x86_isa_checker() for f in str(isa).split()) for isa in cpu_vec_isa.supported_vec_isa_list):
+        pytest.skip("this CPU claims no vector ISA")
+    probed_now, ok = settle()
+    assert len(probed_now) == 1 and ok is True and record.exists()  # no record: one ISA probed, then recorded
+    first = json.loads(record.read_text())
+    assert settle() == ([], True)  # recorded: no probe
+    for stale in ("not json", json.dumps({**first, "torch": "0.0"})):  # unreadable or another torch: probe again
+        record.write_text(stale)
+        probed_now, ok = settle()
+        assert len(probed_now) == 1 and ok is True and json.loads(record.read_text()) == first
+    record.unlink()
+    verdict[0] = False  # the ISA fails: nothing recorded, Inductor's own probe stays in charge
+    assert settle()[1] is None and not record.exists()
