@@ -158,19 +158,27 @@ def plan_tiles(problem: Problem, consumers, chunk_size, compiled: bool, m: int |
     elif problem.device.type == "cpu" and any(c.tile_hint for c in consumers):
         hints = [c.tile_hint for c in consumers if c.tile_hint]
         rows, cols = max(h[0] for h in hints), max(h[1] for h in hints)
+        narrow = min(cols, bucket(m))  # fewer columns than the hint: more rows, the measured pairs per tile
+        rows, cols = max(rows, min(MAX_TILE_ROWS, rows * cols // narrow)), narrow
+        if not compiled:
+            rows = max(MIN_TILE, min(rows, _eager_pairs(problem, consumers, TILE_BUDGET_BYTES) // cols))
     else:
         gpu = problem.device.type == "cuda"
         cols = min(CUDA_MAX_TILE if gpu else MAX_TILE_COLS, bucket(m))
         pairs = (CUDA_PAIRS_PER_TILE if gpu else PAIRS_PER_TILE) // problem.batch
         if not compiled:
-            width = max([v.dim for v in problem.info.values()] + [c.dim for c in consumers] + [1])
-            budget = CUDA_TILE_BUDGET_BYTES if gpu else TILE_BUDGET_BYTES
-            pairs = min(pairs, budget // (problem.dtype.itemsize * (width + 2)))
+            pairs = min(pairs, _eager_pairs(problem, consumers, CUDA_TILE_BUDGET_BYTES if gpu else TILE_BUDGET_BYTES))
         rows = max(MIN_TILE, min(CUDA_MAX_TILE if gpu else MAX_TILE_ROWS, pairs // cols))
         rows = 1 << round(math.log2(rows))  # the nearest power of two: within a factor sqrt(2) of the budget
     if compiled:
         return TilePlan(min(rows, bucket(n)), min(cols, bucket(m)))
     return TilePlan(min(rows, n), min(cols, m))
+
+
+def _eager_pairs(problem: Problem, consumers, budget: int) -> int:
+    """Pairs per eager tile: its widest intermediate (features or channels, plus two) within ``budget`` bytes."""
+    width = max([v.dim for v in problem.info.values()] + [c.dim for c in consumers] + [1])
+    return budget // (problem.dtype.itemsize * (width + 2))
 
 
 def _functorch_active() -> bool:

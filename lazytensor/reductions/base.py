@@ -35,6 +35,11 @@ def masked(t, mask: torch.Tensor, fill: float) -> torch.Tensor:
     return torch.where(mask > 0, t, fill)
 
 
+def is_nan(t: torch.Tensor) -> torch.Tensor:
+    """``torch.isnan`` as a comparison: Inductor's CPU code vectorizes ``t != t``, not ``isnan`` (a scalar loop)."""
+    return t != t
+
+
 def row_side(t):
     """An i-side value (B, n, 1, C) as (B, n, C); constants pass through."""
     return t[:, :, 0] if isinstance(t, torch.Tensor) and t.dim() == 4 else t
