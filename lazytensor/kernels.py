@@ -88,8 +88,8 @@ def _recorded(path: str, facts: dict) -> bool:
         return False
 
 
-def _compiled(eager: Callable, label: str) -> Callable:
-    state = {"fn": torch.compile(eager, fullgraph=True, dynamic=False), "compiled": True}
+def _compiled(eager: Callable, label: str, options: dict) -> Callable:
+    state = {"fn": torch.compile(eager, fullgraph=True, dynamic=False, options=options or None), "compiled": True}
 
     def run(*args):
         if state["compiled"]:
@@ -121,7 +121,8 @@ def tile_kernel(consumers, exprs, info, order, *, formula: tuple, shapes, compil
             return fn
         label = f"{abs(hash(key)) % 10**8:08d}"
         eager = lower.build_tile_function(consumers, exprs, info, order, label, expand=expand)
-        fn = _compiled(eager, label) if compiled else eager
+        options = {k: v for c in consumers for k, v in c.compile_options.items()}
+        fn = _compiled(eager, label, options) if compiled else eager
         if compiled:
             _COMPILED_FORMULAS.add(formula)
         fn.source = eager.source

@@ -59,6 +59,8 @@ _RELATIONS = {
 }
 # Variables as views broadcasting to (B, n, m, D); column blocks arrive features-first (B, D, m).
 _VIEWS = {"i": "I[{}].unsqueeze(2)", "j": "J[{}].transpose(1, 2).unsqueeze(1)", "p": "P[{}][:, None, None, :]"}
+# The same at chosen pairs: j-variables read at ``columns`` (B, n, S) of each row, (B, n, S, D).
+_PAIR_VIEWS = {**_VIEWS, "j": "at_columns(J[{}], columns)"}
 _SPECIAL_CONSTANTS = {sympy.oo: "inf", -sympy.oo: "-inf", sympy.zoo: "inf", sympy.nan: "nan"}
 
 
@@ -90,9 +92,10 @@ class TileSource:
     """Builds the text of one tile function; ``emit`` returns a local name."""
 
     def __init__(self, info: dict[sympy.Symbol, ir.VarInfo], order: Sequence[sympy.Symbol], *,
-                 expand: bool = True, exact: set = frozenset()):
+                 expand: bool = True, exact: set = frozenset(), pairs: bool = False):
         self.info = info
-        self.expand, self.exact = expand, exact
+        self.expand, self.exact = expand and not pairs, exact
+        self.pairs = pairs  # j-variables gathered per row: contractions stay elementwise (no matmul)
         self.lines: list[str] = []
         self.names: dict[sympy.Expr, str] = {}
         self._fresh = (f"t{k}" for k in itertools.count())
@@ -102,7 +105,7 @@ class TileSource:
             slot = counters[axis]
             counters[axis] += 1
             name = f"{axis}{slot}"
-            self.lines.append(f"{name} = {_VIEWS[axis].format(slot)}")
+            self.lines.append(f"{name} = {(_PAIR_VIEWS if pairs else _VIEWS)[axis].format(slot)}")
             self.names[sym] = name
 
     def _assign(self, expr: sympy.Expr, code: str) -> str:
@@ -244,7 +247,7 @@ class TileSource:
         if ir.axes_of(arg, self.info) == {"i", "j"}:
             if isinstance(arg, sympy.Add):  # linearity: contract each term on its own
                 return " + ".join(self.emit(ir.FSum(t, width)) for t in arg.args)
-            if isinstance(arg, sympy.Mul):
+            if isinstance(arg, sympy.Mul) and not self.pairs:
                 left, mixed, right = ir.split_product(arg, self.info)
                 if mixed == 1:
                     return self._dot(left, right, width)
@@ -335,17 +338,40 @@ def _scatter_code(a: str, index: list[int], size: int) -> str:
     return f"{a}.new_zeros(*{a}.shape[:-1], {size}).index_add(-1, torch.tensor({index}, device={a}.device), {a})"
 
 
+def at_columns(block: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """A column block (B, D, m) read at ``columns`` (B', n, S) of each row: (B', n, S, D)."""
+    batch, n, picks = columns.shape
+    width = block.shape[1]
+    rows = block.unsqueeze(1).expand(batch, n, width, block.shape[2])
+    return torch.gather(rows, 3, columns.unsqueeze(2).expand(batch, n, width, picks)).transpose(2, 3)
+
+
+def _pairs_function(name: str, exprs, info, order) -> list[str]:
+    """Lines of ``name(columns)``: ``exprs`` at the pairs (i, columns[i, s]) of the tile, (B, n, S, C) each.
+
+    A consumer that selects a few entries per row recomputes them from the
+    points instead of reading them from the tile, so the tile is never stored.
+    """
+    src = TileSource(info, order, pairs=True)
+    values = [src.emit(e) for e in exprs]
+    return [f"def {name}(columns):", *(f"    {line}" for line in src.lines), f"    return [{', '.join(values)}]"]
+
+
 def tile_function_source(consumers, exprs, info, order, *, expand: bool = True) -> str:
     """Text of ``tile(I, J, P, mask, rowmask)`` returning every consumer's partial.
 
     ``exprs[k]`` are the expressions consumer k needs (its ``expressions``
-    with float constants lifted to parameters).
+    with float constants lifted to parameters). A consumer that ``reads_pairs``
+    also gets a function evaluating them at chosen pairs.
     """
     src = TileSource(info, order, expand=expand, exact=exact_distances([e for es in exprs for e in es]))
     outputs = []
     for k, consumer in enumerate(consumers):
         values = [src.emit(e) for e in exprs[k]]
         which = "rowmask" if consumer.reduced_axis == "i" else "mask"
+        if consumer.reads_pairs:
+            src.lines.extend(_pairs_function(f"at{k}", exprs[k], info, order))
+            which += f", at{k}"
         src.lines.append(f"c{k} = C{k}.partial([{', '.join(values)}], {which})")
         outputs.append(f"c{k}")
     body = "\n".join("    " + line for line in src.lines)
@@ -354,7 +380,8 @@ def tile_function_source(consumers, exprs, info, order, *, expand: bool = True) 
 
 def build_tile_function(consumers, exprs, info, order, label: str, *, expand: bool = True):
     source = tile_function_source(consumers, exprs, info, order, expand=expand)
-    namespace = {"torch": torch, "inf": math.inf, "nan": math.nan, **{f"C{k}": c for k, c in enumerate(consumers)}}
+    namespace = {"torch": torch, "inf": math.inf, "nan": math.nan, "at_columns": at_columns,
+                 **{f"C{k}": c for k, c in enumerate(consumers)}}
     exec(compile(source, f"<lazytensor:{label}>", "exec"), namespace)
     fn = namespace["tile"]
     fn.source = source

@@ -80,6 +80,8 @@ class Consumer:
     signature: tuple
     dim: int  # channels of the widest output (sizes the tile budget)
     tile_hint: tuple[int, int] | None = None  # (rows, cols) measured best on CPU, where the pair budget is not
+    reads_pairs = False  # True: ``partial`` also gets ``at(columns)``, the expressions at chosen pairs (lower.py)
+    compile_options: dict = {}  # Inductor options for kernels that run this consumer (torch.compile(options=))
 
     def partial(self, values, mask):
         raise NotImplementedError

@@ -184,11 +184,33 @@ def test_kmin_group_selection_ties_and_nan(dtype, backend):
     y[::97] = math.nan
     y[5::131] = math.inf
     y[7::151] = -math.inf
-    values, index = (lt.Vi(x) - lt.Vj(y)).abs().kmin_argkmin(9, 1, chunk_size=(8, 256), backend=backend)
+    values, index = (lt.Vi(x) - lt.Vj(y)).abs().kmin_argkmin(9, 1, chunk_size=(8, 512), backend=backend)
     dense = (x - y.T).abs()
     order = torch.sort(dense, dim=1, stable=True).indices[:, :9]
     assert torch.equal(index, order)
     torch.testing.assert_close(values, torch.gather(dense, 1, order), equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", ["eager", "compiled"])
+def test_kmin_group_selection_channels_batches_and_wide_features(backend):
+    """The entries the groups select are recomputed from the points: per channel, per batch, and at D >= 8
+    (where the tile itself uses the norm expansion)."""
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(2, 21, 2, generator=gen), torch.randn(2, 700, 2, generator=gen)
+    values, index = (lt.Vi(x) - lt.Vj(y)).abs().kmin_argkmin(5, 1, chunk_size=(8, 512), backend=backend)
+    dense = (x[:, :, None] - y[:, None]).abs()  # (B, N, M, C)
+    best = torch.sort(dense, dim=2, stable=True)
+    assert torch.equal(index, best.indices[:, :, :5])
+    torch.testing.assert_close(values, best.values[:, :, :5])
+    x, y = torch.randn(21, 9, generator=gen) + 10, torch.randn(700, 9, generator=gen) + 10
+    values, index = lt.Vi(x).sqdist(lt.Vj(y)).kmin_argkmin(7, 1, chunk_size=(8, 512), backend=backend)
+    best = torch.sort(((x[:, None] - y[None]) ** 2).sum(-1), dim=1, stable=True)
+    assert torch.equal(index, best.indices[:, :7])
+    torch.testing.assert_close(values, best.values[:, :7])
+    x, y = torch.full((3, 1), 50.0), torch.full((700, 1), 1000.0)
+    y[699] = 50.0  # chooses the group the zero padding of the last tile shares; padding must not win
+    values, index = (lt.Vi(x) - lt.Vj(y)).abs().kmin_argkmin(5, 1, chunk_size=(8, 512), backend=backend)
+    assert index.tolist() == [[699, 0, 1, 2, 3]] * 3 and values.tolist() == [[0.0] + [950.0] * 4] * 3
 
 
 def test_kmin_with_fewer_numbers_than_k():
