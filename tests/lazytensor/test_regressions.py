@@ -213,6 +213,29 @@ def test_kmin_group_selection_channels_batches_and_wide_features(backend):
     assert index.tolist() == [[699, 0, 1, 2, 3]] * 3 and values.tolist() == [[0.0] + [950.0] * 4] * 3
 
 
+@pytest.mark.parametrize("backend", ["eager", "compiled"])
+@pytest.mark.parametrize("sign", [1, -1])
+def test_min_and_max_through_column_groups(backend, sign):
+    """min/argmin picks the best group of columns, then recomputes it: ties, +-inf, NaN rows
+    (NaN propagates, as torch.min), channels and zero padding behave as one torch.min / max."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randint(0, 3, (21, 2), generator=gen).float()
+    y = torch.randint(0, 4, (700, 2), generator=gen).float()
+    y[5::131, 0], y[7::151, 1] = math.inf, -math.inf
+    x[4, 1] = math.nan  # one row's second channel is NaN everywhere
+    y[300, 0] = math.nan  # one column NaN in the first channel: every row's answer there
+    f = (lt.Vi(x) - lt.Vj(y)).abs()
+    values, index = (f.min_argmin if sign == 1 else f.max_argmax)(1, chunk_size=(8, 512), backend=backend)
+    dense = (x[:, None] - y[None]).abs()
+    ref = dense.min(1) if sign == 1 else dense.max(1)
+    assert torch.equal(index, ref.indices)
+    torch.testing.assert_close(values, ref.values, equal_nan=True)
+    x, y = torch.full((3, 1), 50.0), torch.full((700, 1), -1000.0)
+    y[699] = 60.0  # the best entry shares its group with the last tile's zero padding, which must not win
+    values, index = (-(lt.Vi(x) - lt.Vj(y)).abs()).max_argmax(1, chunk_size=(8, 512), backend=backend)
+    assert index.tolist() == [[699]] * 3 and values.tolist() == [[-10.0]] * 3
+
+
 def test_kmin_with_fewer_numbers_than_k():
     """Rows with fewer than k non-NaN values: every number first, then NaN (torch.topk's order)."""
     x = torch.zeros(2, 1, dtype=torch.float64)
