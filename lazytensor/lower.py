@@ -362,9 +362,13 @@ def tile_function_source(consumers, exprs, info, order, *, expand: bool = True) 
 
     ``exprs[k]`` are the expressions consumer k needs (its ``expressions``
     with float constants lifted to parameters). A consumer that ``reads_pairs``
-    also gets a function evaluating them at chosen pairs.
+    also gets a function evaluating them at chosen pairs; one that
+    ``compares_values`` gets its contractions as direct differences.
     """
-    src = TileSource(info, order, expand=expand, exact=exact_distances([e for es in exprs for e in es]))
+    exact = exact_distances([e for es in exprs for e in es]) | {
+        node for k, c in enumerate(consumers) if c.compares_values
+        for e in exprs[k] for node in sympy.preorder_traversal(e) if isinstance(node, ir.FSum)}
+    src = TileSource(info, order, expand=expand, exact=exact)
     outputs = []
     for k, consumer in enumerate(consumers):
         values = [src.emit(e) for e in exprs[k]]

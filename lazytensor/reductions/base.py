@@ -82,6 +82,9 @@ class Consumer:
     tile_hint: tuple[int, int] | None = None  # (rows, cols) measured best on CPU, where the pair budget is not
     reads_pairs = False  # True: ``partial`` also gets ``at(columns)``, the expressions at chosen pairs (lower.py)
     compile_options: dict = {}  # Inductor options for kernels that run this consumer (torch.compile(options=))
+    # True for selections (min, k-min, quantile passes): ties decide the answer, so contractions are
+    # direct differences, where equal points give equal values (the norm expansion rounds them apart).
+    compares_values = False
 
     def partial(self, values, mask):
         raise NotImplementedError

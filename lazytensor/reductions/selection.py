@@ -67,6 +67,7 @@ class ArgMin(Reduction):
         self.signature = ("argmin", self.dim, sign)
 
     reads_pairs = True
+    compares_values = True
 
     def partial(self, values, mask, at):
         """The minimum of each group of GROUP columns, then the best group's entries recomputed.
@@ -168,6 +169,7 @@ class KMin(Reduction):
     # (N = M = 16384, 2 threads: 0.33 s at 256 x 4096, 0.19 s at 128 x 16384).
     tile_hint = (128, 16384)
     reads_pairs = True  # the selected entries are recomputed, so the tile is never stored
+    compares_values = True
     # Inductor stores a pointwise value read by two ops when it has more than 4 loads (the NaN test
     # reads the formula twice): raised, the formula is fused into the group minima instead (CSE
     # computes it once; exp/log and large formulas are still stored by Inductor's own rules).

@@ -236,6 +236,22 @@ def test_min_and_max_through_column_groups(backend, sign):
     assert index.tolist() == [[699]] * 3 and values.tolist() == [[-10.0]] * 3
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_selections_resolve_exact_ties_with_many_features(dtype):
+    """At D >= 8 sums use the norm expansion, which rounds equal distances apart; selections (min,
+    k-min, quantile) compare direct differences, so ties on a grid go to the lowest index."""
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randint(-3, 4, (30, 9), generator=gen).to(dtype)
+    y = torch.randint(-3, 4, (1777, 9), generator=gen).to(dtype)
+    f = lt.Vi(x).sqdist(lt.Vj(y))
+    dense = ((x[:, None] - y[None]) ** 2).sum(-1)
+    values, index = f.kmin_argkmin(5, 1, backend="eager")
+    best = torch.sort(dense, dim=1, stable=True)
+    assert torch.equal(index, best.indices[:, :5]) and torch.equal(values, best.values[:, :5])
+    assert torch.equal(f.min_argmin(1, backend="eager")[1][:, 0], dense.argmin(1))
+    assert torch.equal(f.quantile(0.5, 1, backend="eager")[:, 0], dense.quantile(0.5, dim=1))
+
+
 def test_kmin_with_fewer_numbers_than_k():
     """Rows with fewer than k non-NaN values: every number first, then NaN (torch.topk's order)."""
     x = torch.zeros(2, 1, dtype=torch.float64)
