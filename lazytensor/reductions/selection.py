@@ -12,8 +12,9 @@ smallest minima (ties to the lower group), then a stable sort of those k
 groups' entries in column order. The k smallest entries always lie in those
 groups: an entry outside them is preceded, in (value, column) order, by the
 minima of k groups. The chosen groups' entries are recomputed from the points
-(``reads_pairs``), so the tile itself is never stored; at D >= 8, where the
-tile uses the norm expansion, the returned values are the direct differences.
+(``reads_pairs``), so the tile itself is never stored. Selections compare
+direct differences at any D (``compares_values``): the norm expansion would
+round exactly tied distances apart.
 Blocks are merged by a stable sort of the running selection (earlier columns)
 followed by the new block.
 """
