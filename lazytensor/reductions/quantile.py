@@ -36,7 +36,7 @@ import sympy
 import torch
 
 from .. import engine, ir
-from .base import Consumer, Reduction, channels_at_selection, ordered_keys, padded, select_channels
+from .base import Consumer, Reduction, channels_at_selection, is_nan, ordered_keys, padded, select_channels
 from .selection import smallest
 
 BITS = 11
@@ -50,7 +50,7 @@ def _by_target(t: torch.Tensor, channels: int) -> torch.Tensor:
 
 
 def _nan_rows(f: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return torch.where(mask, torch.isnan(f), False).any(2)
+    return torch.where(mask, is_nan(f), False).any(2)
 
 
 class _PerTarget(Consumer):
@@ -124,7 +124,7 @@ class Candidates(_PerTarget):
         mask = mask > 0
         f = torch.where(mask, f, math.nan).repeat(1, 1, 1, self.ranks)  # (B, n, m, R*C)
         keys = ordered_keys(f)
-        real = ~torch.isnan(f)
+        real = ~is_nan(f)
         inside = (keys >= low) & (keys <= high) & real
         chosen = torch.where(inside, f, math.nan)  # NaN sorts last: outsiders are never picked
         best, where = padded(*smallest(chosen, min(CANDIDATES + 1, f.shape[2])), CANDIDATES + 1)  # ties: lowest index

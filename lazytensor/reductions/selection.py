@@ -116,7 +116,7 @@ GROUP = 32
 def _stable_smallest(f: torch.Tensor, k: int):
     """The k smallest of ``f`` along dim 2, ascending, lowest index first among ties (NaN last)."""
     kth = torch.topk(f, k, dim=2, largest=False, sorted=True).values[:, :, -1:]
-    nan, nan_kth = torch.isnan(f), torch.isnan(kth)
+    nan, nan_kth = is_nan(f), is_nan(kth)
     less = (f < kth) | (~nan & nan_kth)  # NaN ranks above every number
     equal = (f == kth) | (nan & nan_kth)
     need = k - less.sum(2, keepdim=True)
