@@ -89,13 +89,15 @@ def _recorded(path: str, facts: dict) -> bool:
 
 
 def _compiled(eager: Callable, label: str, options: dict) -> Callable:
-    state = {"fn": torch.compile(eager, fullgraph=True, dynamic=False, options=options or None), "compiled": True}
+    state = {"fn": torch.compile(eager, fullgraph=True, dynamic=False, options=options or None), "compiled": True,
+             "first": True}
 
     def run(*args):
         if state["compiled"]:
             try:
-                if args[-1].device.type == "cpu":  # tile(I, J, P, mask, rowmask): a CPU kernel
+                if state["first"] and args[-1].device.type == "cpu":  # tile(I, J, P, mask, rowmask): a CPU kernel
                     _settle_vector_isa()
+                state["first"] = False
                 return state["fn"](*args)
             except Exception as exc:  # noqa: BLE001 - any compiler failure falls back
                 warnings.warn(
