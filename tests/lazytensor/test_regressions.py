@@ -197,11 +197,16 @@ def test_kmin_group_selection_channels_batches_and_wide_features(backend):
     (where the tile itself uses the norm expansion)."""
     gen = torch.Generator().manual_seed(2)
     x, y = torch.randn(2, 21, 2, generator=gen), torch.randn(2, 700, 2, generator=gen)
-    values, index = (lt.Vi(x) - lt.Vj(y)).abs().kmin_argkmin(5, 1, chunk_size=(8, 512), backend=backend)
-    dense = (x[:, :, None] - y[:, None]).abs()  # (B, N, M, C)
+    xs, ys, xd, yd = (t.clone().requires_grad_() for t in (x, y, x, y))
+    values, index = (lt.Vi(xs) - lt.Vj(ys)).abs().kmin_argkmin(5, 1, chunk_size=(8, 512), backend=backend)
+    dense = (xd[:, :, None] - yd[:, None]).abs()  # (B, N, M, C)
     best = torch.sort(dense, dim=2, stable=True)
     assert torch.equal(index, best.indices[:, :, :5])
     torch.testing.assert_close(values, best.values[:, :, :5])
+    weights = torch.randn(values.shape, generator=gen)
+    grads = torch.autograd.grad((values * weights).sum(), (xs, ys))
+    for got, want in zip(grads, torch.autograd.grad((best.values[:, :, :5] * weights).sum(), (xd, yd))):
+        torch.testing.assert_close(got, want)
     x, y = torch.randn(21, 9, generator=gen) + 10, torch.randn(700, 9, generator=gen) + 10
     values, index = lt.Vi(x).sqdist(lt.Vj(y)).kmin_argkmin(7, 1, chunk_size=(8, 512), backend=backend)
     best = torch.sort(((x[:, None] - y[None]) ** 2).sum(-1), dim=1, stable=True)
@@ -230,6 +235,12 @@ def test_min_and_max_through_column_groups(backend, sign):
     ref = dense.min(1) if sign == 1 else dense.max(1)
     assert torch.equal(index, ref.indices)
     torch.testing.assert_close(values, ref.values, equal_nan=True)
+    ys, yd = y.clone().requires_grad_(), y.clone().requires_grad_()  # gradients go to the selected pairs
+    f = (lt.Vi(x[:4]) - lt.Vj(ys)).abs()
+    got = torch.autograd.grad((f.min_argmin if sign == 1 else f.max_argmax)(1, chunk_size=(8, 512), backend=backend)[0].sum(), ys)
+    d = (x[:4, None] - yd[None]).abs()
+    want = torch.autograd.grad((d.min(1) if sign == 1 else d.max(1)).values.sum(), yd)
+    torch.testing.assert_close(got[0], want[0])
     x, y = torch.full((3, 1), 50.0), torch.full((700, 1), -1000.0)
     y[699] = 60.0  # the best entry shares its group with the last tile's zero padding, which must not win
     values, index = (-(lt.Vi(x) - lt.Vj(y)).abs()).max_argmax(1, chunk_size=(8, 512), backend=backend)
