@@ -86,7 +86,7 @@ def test_compile_failure_falls_back_with_one_warning(monkeypatch):
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="Inductor probes vector ISAs on x86 only")
-def test_vector_isa_probed_once_per_machine(monkeypatch, tmp_path):
+def test_vector_isa_probed_once_per_machine(monkeypatch, tmp_path, request):
     """The first process probes the ISA Inductor will use and records it; later ones skip the probe."""
     from torch._inductor import config, cpu_vec_isa
 
@@ -94,7 +94,10 @@ def test_vector_isa_probed_once_per_machine(monkeypatch, tmp_path):
     for cls in {type(isa) for isa in cpu_vec_isa.supported_vec_isa_list}:
         monkeypatch.setattr(cls, "__bool__", lambda self: probed.append(str(self)) or verdict[0])
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(config.cpp, "vec_isa_ok", None)
+    # Not monkeypatch.setattr: its undo deletes the entry of Inductor's config module, which then
+    # hides it ("does not exist") and every later compile in the process fails.
+    saved = config.cpp.vec_isa_ok
+    request.addfinalizer(lambda: setattr(config.cpp, "vec_isa_ok", saved))
     record = tmp_path / "lazytensor-vec-isa.json"
     verdict = [True]
 
