@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from rich.console import Console
 from rich.table import Table
 from torch import nn
 from torch.func import functional_call
 
-from . import cli
+from . import cli, method
 from .method import (
     BenchmarkError,
     default_tolerance,
@@ -39,7 +38,7 @@ from .method import (
     write_json,
 )
 
-console = Console()
+console = method.console()
 # Flags that only one mode reads: flag -> (mode, default).
 MODE_FLAGS = {"candidates": ("attention", 16), "seq": ("attention", [6, 64, 128]), "seeds": ("prefix", [0]),
               "cases": ("profile", None)}
@@ -317,7 +316,7 @@ def paths_benchmark(args, dtype, device, compiled: bool) -> dict:
         table.add_row(case.name, str(record["candidates"]), ms(median["naive loop"]), ms(median["flat"]), ms(median["analysis"]),
                       ms(median["reading"]), paths["flat"], ms(median.get("structured")), paths.get("structured", "-"),
                       ratios["flat"], ratios.get("structured", "-"))
-    Console(width=200).print(table)
+    console.print(table)
     return {"cases": rows}
 
 

@@ -164,6 +164,11 @@ class VariantResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def console() -> Console:
+    """Tables on stdout: a terminal's own width; piped or redirected, wide enough that no column name is cut."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
 def progress() -> Progress:
     """The harness's progress bar: on stderr (stdout keeps tables and Markdown), gone when done."""
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

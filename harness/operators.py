@@ -34,13 +34,12 @@ import math
 from typing import Callable
 
 import torch
-from rich.console import Console
 
 import lazytensor as lt
 
-from . import cli, method, report
+from . import cli, firstcall, method, report
 
-console = Console()
+console = method.console()
 CASES = ("distance-sum", "rbf-matmul", "logsumexp", "kernel-regression", "min", "kmin", "distance-quantile", "attention")
 VARIANTS = ("eager", "compiled", "dense", "streamed", "generic", "event-stream", "keops")
 GAMMA = 0.5
@@ -70,8 +69,17 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=cli.positive_int, default=1, help="torch CPU threads")
     p.add_argument("--no-memory", action="store_true", help="skip the per-variant memory measurement")
     p.add_argument("--seed", type=cli.nonneg_int, default=0)
+    p.add_argument("--first-call", action="store_true",
+                   help="what a user meets: calls 1..--calls of each variant in a fresh process with the defaults "
+                        "(no forced compilation), per --cache, instead of the compiled steady state")
+    p.add_argument("--calls", type=cli.positive_int, default=3, help="calls timed per fresh process (--first-call)")
+    p.add_argument("--cache", type=cli.comma_list(firstcall.CACHES), default=["warm"],
+                   help="inductor disk cache for --first-call: warm (filled by a previous process), cold (empty), "
+                        "or warm,cold")
+    p.add_argument("--busy", action="store_true",
+                   help="--first-call with one competing CPU-bound process running (a shared machine)")
     p.add_argument("--output", type=cli.output_path, default=None,
-                   help="JSON path (default results/operators-<case>.json)")
+                   help="JSON path (default results/operators-<case>.json, -first-call.json with --first-call)")
     p.set_defaults(func=run)
 
 
@@ -263,7 +271,7 @@ def _encode(obj):
 
 
 # -- the command ------------------------------------------------------------------
-def _validate(results, reference, tolerance):
+def validate(results, reference, tolerance):
     errors = {"value": method.relative_error(results[0], reference[0])}
     for k, (a, b) in enumerate(zip(results[1], reference[1])):
         errors[f"grad{k}"] = method.relative_error(a, b)
@@ -276,11 +284,16 @@ def _validate(results, reference, tolerance):
 def run(args) -> int:
     if args.batch != 1 and args.case != "attention":
         raise cli.UsageError("--batch", f"only the attention case has a batch; got --batch {args.batch} with --case {args.case}")
-    output = cli.output_or_default(args.output, f"results/operators-{args.case}.json")
-    torch.set_num_threads(args.threads)
-    method.steady_state_kernels()
+    if args.busy and not args.first_call:
+        raise cli.UsageError("--busy", "measures first calls: use it with --first-call")
+    suffix = "-first-call" if args.first_call else ""
+    output = cli.output_or_default(args.output, f"results/operators-{args.case}{suffix}.json")
     config = dict(case=args.case, n=args.n, m=args.m or args.n, d=args.d, channels=args.channels, batch=args.batch,
                   dtype=args.dtype, device=args.device, seed=args.seed, chunk=args.chunk_size, backward=args.backward)
+    if args.first_call:
+        return firstcall.run(args, config, output, console)
+    torch.set_num_threads(args.threads)
+    method.steady_state_kernels()
     tolerance = method.default_tolerance(getattr(torch, args.dtype))
     results: dict[str, method.VariantResult] = {}
     record = {"command": "operators", "config": config, "tolerance": tolerance, "variants": results,
@@ -295,7 +308,7 @@ def run(args) -> int:
                     results[name] = method.VariantResult(name, error=f"not applicable: no {name} variant of this case"
                                                          + (" (pykeops not installed?)" if name == "keops" else ""))
                     continue
-                results[name] = method.VariantResult(name, validation=_validate(call(), reference, tolerance))
+                results[name] = method.VariantResult(name, validation=validate(call(), reference, tolerance))
                 calls[name] = call
             except Exception as exc:  # noqa: BLE001 - any failure is recorded, never timed
                 results[name] = method.VariantResult(name, error=f"{type(exc).__name__}: {exc}")

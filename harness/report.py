@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import re
 
-from rich.console import Console
 from rich.table import Table
 
-from . import cli
+from . import cli, firstcall, method
 
-console = Console()
+console = method.console()
 
 
 def register(subparsers) -> None:
@@ -91,10 +90,14 @@ def run(args) -> int:
         title = f"{path}: {record.get('command', '?')} " + " ".join(f"{k}={v}" for k, v in config.items())
         if record.get("interrupted"):
             title += " (interrupted: partial)"
-        if not _variants(record):
+        if isinstance(record.get("first_calls"), list):  # python -m harness operators --first-call
+            table = firstcall.table(record, title)
+            failed = any(isinstance(r, dict) and r.get("error") for r in record["first_calls"])
+        elif not _variants(record):
             console.print(f"[yellow]{path}: no variant results in this record[/yellow]")
             continue
-        table, failed = table_for(record, title, args.reference or "dense")
+        else:
+            table, failed = table_for(record, title, args.reference or "dense")
         if args.markdown:
             print(f"**{title}**\n\n{markdown(table)}\n")
         else:

@@ -15,7 +15,10 @@ so a new N, M or bandwidth never recompiles.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -50,6 +53,9 @@ COMPILE_AFTER_SECONDS = 1.0
 # small all-reduces), with bounded memory (quantile histograms are large).
 MERGE_BYTES = 16 << 20
 BACKENDS = ("auto", "compiled", "eager")
+# Which route each pass took ("eager", "compiled", "eager, then compiled": the auto tier switched
+# mid-pass): tests read it to check the route, never a wall-clock time.
+routes: collections.Counter = collections.Counter()
 
 
 @dataclass
@@ -175,6 +181,58 @@ def plan_tiles(problem: Problem, consumers, chunk_size, compiled: bool, m: int |
     return TilePlan(min(rows, n), min(cols, m))
 
 
+def free_threads(wanted: int) -> int:
+    """How many of ``wanted`` threads a pass should use: fewer where other processes hold the cores now.
+
+    A tile pass runs thousands of short parallel regions, and each one waits
+    for its slowest thread: with one core taken by another process, every
+    region waits for a descheduled thread (the RBF product at 8192^2 on 2 cores
+    with one busy: 18.6 s at 2 threads, 1.2 s at 1, dense 2.2 s). So a pass
+    counts the tasks runnable on the machine right now (``/proc/loadavg``),
+    less this process's own, and uses only the cores left (at least one).
+    """
+    if wanted <= 1:
+        return wanted
+    now = time.monotonic()
+    if now - _THREADS_SEEN[0] < THREADS_RECHECK_SECONDS and _THREADS_SEEN[1] == wanted:
+        return _THREADS_SEEN[2]  # a loop of small calls reads /proc once per interval, not per call
+    _THREADS_SEEN[:] = [now, wanted, _free_threads(wanted)]
+    return _THREADS_SEEN[2]
+
+
+THREADS_RECHECK_SECONDS = 0.1
+_THREADS_SEEN = [-math.inf, 0, 0]  # (when, threads wanted, threads granted)
+
+
+def _free_threads(wanted: int) -> int:
+    try:
+        with open("/proc/loadavg") as fh:
+            runnable = int(fh.read().split()[3].split("/")[0])
+        own = 0
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/stat") as fh:
+                own += fh.read().rsplit(")", 1)[1].split()[0] == "R"
+        cores = len(os.sched_getaffinity(0))
+    except (OSError, ValueError, IndexError, AttributeError):  # not Linux: keep torch's setting
+        return wanted
+    return max(1, min(wanted, cores - max(0, runnable - max(own, 1))))
+
+
+@contextlib.contextmanager
+def pass_threads(device: torch.device):
+    """torch's intra-op threads for one CPU pass (``free_threads``), restored after it."""
+    wanted = torch.get_num_threads()
+    use = free_threads(wanted) if device.type == "cpu" else wanted
+    if use == wanted:
+        yield
+        return
+    torch.set_num_threads(use)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(wanted)
+
+
 def _eager_pairs(problem: Problem, consumers, budget: int) -> int:
     """Pairs per eager tile: its widest intermediate (features or channels, plus two) within ``budget`` bytes."""
     width = max([v.dim for v in problem.info.values()] + [c.dim for c in consumers] + [1])
@@ -186,6 +244,7 @@ def _functorch_active() -> bool:
 
 
 def use_compiled(backend: str, problem: Problem, formula_key=None) -> bool:
+    """Whether a pass without a tier switch runs compiled tiles ("auto": once the formula's eager time paid for it)."""
     check_backend(backend)
     if backend == "eager" or not kernels.compile_available() or torch.compiler.is_compiling() or _functorch_active():
         return False
@@ -262,8 +321,8 @@ def _pieces(start: int, stop: int, extent: int) -> list[tuple[int, int]]:
     return [(a, min(a + extent, stop)) for a in range(start, stop, extent)]
 
 
-def tile_schedule(n: int, m: int, plan: TilePlan, clusters) -> list[tuple[tuple[int, int], list[tuple[int, int]]]]:
-    """Row blocks covering [0, n) in order, each with the column blocks it reduces over (at most one tile each).
+def tile_schedule(n: int, m: int, plan: TilePlan, clusters, start: int = 0) -> list[tuple[tuple[int, int], list]]:
+    """Row blocks covering [start, n) in order, each with the column blocks it reduces over (at most one tile each).
 
     Dense: every column block. Block-sparse (``clusters`` from ``_merged_spans``):
     a cluster's rows visit its own column ranges only; rows in no cluster get
@@ -271,7 +330,7 @@ def tile_schedule(n: int, m: int, plan: TilePlan, clusters) -> list[tuple[tuple[
     """
     if clusters is None:
         columns = _pieces(0, m, plan.cols)
-        return [(r, columns) for r in _pieces(0, n, plan.rows)]
+        return [(r, columns) for r in _pieces(start, n, plan.rows)]
     schedule, at = [], 0
     for a, b, merged in clusters:
         schedule += [(r, [(0, 0)]) for r in _pieces(at, a, plan.rows)]
@@ -387,67 +446,163 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
         problem.device.type,
         expand,
     )
-    if sharding is None:
-        compiled = use_compiled(backend, problem, formula_key)
-        plan = plan_tiles(problem, consumers, chunk_size, compiled)
-    else:  # every rank must cut the same row blocks, so nothing may depend on its own shard or history
+    loop = _TileLoop(problem, consumers, exprs, formula_key, expand, offset, sharding)
+    with pass_threads(problem.device):
+        _run(loop, problem, consumers, backend, chunk_size, ranges, formula_key, sizes if sharding is not None else None)
+    return loop.results()
+
+
+def _run(loop: "_TileLoop", problem: Problem, consumers, backend, chunk_size, ranges, formula_key, sizes) -> None:
+    """The pass's route: sharded and block-sparse passes on one plan, the others by ``backend`` (``_auto_tier``)."""
+    n, sharding = problem.size("i"), loop.sharding
+    if sharding is not None:  # every rank must cut the same row blocks, so nothing may depend on its own shard or history
         compiled = use_compiled("eager" if backend == "eager" else "compiled", problem) and (
-            backend == "compiled" or n * total >= AUTO_COMPILE_MIN_PAIRS)
-        plan = plan_tiles(problem, consumers, chunk_size, compiled, m=max(sizes))
-    clusters = None if ranges is None else _merged_spans(ranges)
-    if clusters is not None and chunk_size is None:
-        plan = _sparse_plan(plan, clusters, compiled)
-    i_syms, j_syms, p_syms = (problem.axis_symbols(a) for a in ir.AXES)
-    tensors = {s: t.detach() for s, t in problem.tensors.items()}
-    width = max(m, 1)  # an empty shard takes part with one masked column
-    if m == 0:
-        tensors.update({s: tensors[s].new_zeros(tensors[s].shape[0], 1, tensors[s].shape[2]) for s in j_syms})
-    shapes = ((plan.rows, plan.cols), tuple(tensors[s].shape[0] for s in problem.order)) if compiled else None
-    kernel = kernels.tile_kernel(consumers, exprs, problem.info, problem.order, formula=formula_key, shapes=shapes,
-                                 compiled=compiled, expand=expand)
+            backend == "compiled" or n * sum(sizes) >= AUTO_COMPILE_MIN_PAIRS)
+        loop.run(plan_tiles(problem, consumers, chunk_size, compiled, m=max(sizes)), compiled)
+        routes["compiled" if compiled else "eager"] += 1
+    elif ranges is not None:
+        compiled, clusters = use_compiled(backend, problem, formula_key), _merged_spans(ranges)
+        plan = plan_tiles(problem, consumers, chunk_size, compiled)
+        loop.run(plan if chunk_size is not None else _sparse_plan(plan, clusters, compiled), compiled, clusters=clusters)
+        routes["compiled" if compiled else "eager"] += 1
+    elif backend != "auto" or not use_compiled("compiled", problem):
+        compiled = use_compiled(backend, problem, formula_key)
+        loop.run(plan_tiles(problem, consumers, chunk_size, compiled), compiled)
+        routes["compiled" if compiled else "eager"] += 1
+    else:
+        _auto_tier(loop, problem, consumers, chunk_size, formula_key)
+
+
+def _auto_tier(loop: "_TileLoop", problem: Problem, consumers, chunk_size, formula_key) -> None:
+    """The "auto" backend: compiled tiles when their kernel is ready, else eager ones while it compiles aside.
+
+    A formula whose eager time (spent so far in this process, plus this call's
+    projection from its first row block) reaches ``COMPILE_AFTER_SECONDS`` on a
+    problem of at least ``AUTO_COMPILE_MIN_PAIRS`` pairs has its kernel
+    compiled in a background thread; the pass switches to it at the next row
+    block once it is ready, and later calls start compiled. No call waits for a
+    compile, and a cheap or one-off formula never pays for one.
+    """
+    n, m = problem.size("i"), problem.size("j")
+    compiled_plan = plan_tiles(problem, consumers, chunk_size, True)
+    kernel = loop.kernel(compiled_plan, True, create=False)
+    if kernel is not None and kernel.ready:
+        loop.run(compiled_plan, True, kernel=kernel)
+        routes["compiled"] += 1
+        return
+    large = n * m >= AUTO_COMPILE_MIN_PAIRS
+    spent = kernels.eager_seconds(formula_key)
     started = time.perf_counter()
-    params = [tensors[s] for s in p_syms]
-    device, dtype = problem.device, problem.dtype
-    column_blocks: dict[tuple[int, int], tuple] = {}
 
-    def columns(c0: int, c1: int):
-        """The j-blocks (features first) and column mask of [c0, c1); (0, 0) is one fully padded tile."""
-        if (c0, c1) not in column_blocks:
-            stop = c1 if c1 > c0 else min(plan.cols, width)
-            blocks = [_block(tensors[s], c0, stop, plan.cols, compiled, features_first=True) for s in j_syms]
-            mask = _valid(blocks[0].shape[2], max(0, min(c1, m) - c0), dtype, device).view(1, 1, -1, 1)
-            column_blocks[(c0, c1)] = (blocks, mask)
-        return column_blocks[(c0, c1)]
+    def switch(done_rows: int):
+        """After each eager row block: start the compile once the time warrants it; the kernel once it is ready."""
+        nonlocal kernel
+        if kernel is None:
+            projected = (time.perf_counter() - started) * n / max(done_rows, 1)
+            if large and (kernels.compiled_before(formula_key) or spent + projected >= COMPILE_AFTER_SECONDS):
+                kernel = loop.kernel(compiled_plan, True)
+                kernel.compile_in_background(loop.example_arguments(compiled_plan))
+        return kernel if kernel is not None and kernel.ready else None
 
-    by_column = [c.reduced_axis == "i" for c in consumers]  # column sums: state spans all (local) columns
-    results: list[list[tuple]] = [[] for _ in consumers]
-    column_states = {k: c.initial_state(batch, width, dtype, device) for k, c in enumerate(consumers) if by_column[k]}
-    pending: list[tuple] = []  # sharded: row blocks' states waiting to be merged across ranks together
-    pending_bytes = 0
-    for (r0, r1), column_ranges in tile_schedule(n, width, plan, clusters):
-        rows = [_block(tensors[s], r0, r1, plan.rows, compiled) for s in i_syms]
-        valid_rows = r1 - r0
-        rowmask = _valid(rows[0].shape[1], valid_rows, dtype, device).view(1, -1, 1, 1)
-        states = [column_states.get(k) for k in range(len(consumers))]
-        for c0, c1 in column_ranges:
-            cols, mask = columns(c0, c1)
-            partials = kernel(rows, cols, params, mask, rowmask)
-            at = [slice(c0, c1) if column else offset + c0 for column in by_column]
-            states = [cons.combine(st, p, a) for cons, st, p, a in zip(consumers, states, partials, at)]
-        if sharding is None:
-            for k, cons in enumerate(consumers):
-                if not by_column[k]:
-                    results[k].append(tuple(o[:, :valid_rows] for o in cons.finalize(states[k], rows[0].shape[1], batch)))
-        else:
-            pending.append((states, rows[0].shape[1], valid_rows))
-            pending_bytes += sum(_nbytes(st) for st, column in zip(states, by_column) if not column)
-            if pending_bytes >= MERGE_BYTES:
-                _merge_ranks(sharding, consumers, by_column, pending, batch, results)
-                pending_bytes = 0
-    if pending:
-        _merge_ranks(sharding, consumers, by_column, pending, batch, results)
-    for k, state in column_states.items():
-        results[k].append(tuple(o[:, :m] for o in consumers[k].finalize(state, width, batch)))
-    if not compiled and n * m >= AUTO_COMPILE_MIN_PAIRS:
+    switch(0)  # a formula compiled before (another tile shape) or already worth it starts at once
+    at = loop.run(plan_tiles(problem, consumers, chunk_size, False), False, switch=switch)
+    if large:
         kernels.record_eager(formula_key, time.perf_counter() - started)
-    return [tuple(torch.cat(parts, 1) for parts in zip(*blocks)) for blocks in results]
+    if at < n:
+        loop.run(compiled_plan, True, kernel=kernel, start=at)
+    routes["eager" if at == n else "eager, then compiled"] += 1
+
+
+class _TileLoop:
+    """The row-block loop of one pass, its consumers' states and results.
+
+    ``run`` walks row blocks from ``start`` with one tile plan and kernel; a
+    ``switch`` callback may end it at a row-block boundary, and the caller
+    continues from there with another plan (the auto tier's eager -> compiled
+    switch): per-row states are finished block by block and column states
+    span every column, so neither depends on the plan.
+    """
+
+    def __init__(self, problem: Problem, consumers, exprs, formula_key, expand: bool, offset: int, sharding):
+        self.problem, self.consumers, self.exprs = problem, consumers, exprs
+        self.formula_key, self.expand, self.offset, self.sharding = formula_key, expand, offset, sharding
+        self.n, self.m, self.batch = problem.size("i"), problem.size("j"), problem.batch
+        self.width = max(self.m, 1)  # an empty shard takes part with one masked column
+        self.i_syms, self.j_syms, self.p_syms = (problem.axis_symbols(a) for a in ir.AXES)
+        tensors = {s: t.detach() for s, t in problem.tensors.items()}
+        if self.m == 0:
+            tensors.update({s: tensors[s].new_zeros(tensors[s].shape[0], 1, tensors[s].shape[2]) for s in self.j_syms})
+        self.tensors = tensors
+        self.by_column = [c.reduced_axis == "i" for c in consumers]  # column sums: state spans all (local) columns
+        self.outputs: list[list[tuple]] = [[] for _ in consumers]
+        dtype, device = problem.dtype, problem.device
+        self.column_states = {k: c.initial_state(self.batch, self.width, dtype, device)
+                              for k, c in enumerate(consumers) if self.by_column[k]}
+        self.pending: list[tuple] = []  # sharded: row blocks' states waiting to be merged across ranks together
+        self.pending_bytes = 0
+
+    def kernel(self, plan: TilePlan, compiled: bool, create: bool = True):
+        """The tile kernel for ``plan`` (``create=False``: only a cached one, else None)."""
+        shapes = ((plan.rows, plan.cols), tuple(self.tensors[s].shape[0] for s in self.problem.order)) if compiled else None
+        if not create:
+            return kernels.cached_kernel(self.formula_key, shapes, compiled)
+        return kernels.tile_kernel(self.consumers, self.exprs, self.problem.info, self.problem.order,
+                                   formula=self.formula_key, shapes=shapes, compiled=compiled, expand=self.expand)
+
+    def _rows(self, plan: TilePlan, compiled: bool, r0: int, r1: int):
+        rows = [_block(self.tensors[s], r0, r1, plan.rows, compiled) for s in self.i_syms]
+        rowmask = _valid(rows[0].shape[1], r1 - r0, self.problem.dtype, self.problem.device).view(1, -1, 1, 1)
+        return rows, rowmask
+
+    def _columns(self, plan: TilePlan, compiled: bool, c0: int, c1: int):
+        """The j-blocks (features first) and column mask of [c0, c1); (0, 0) is one fully padded tile."""
+        stop = c1 if c1 > c0 else min(plan.cols, self.width)
+        blocks = [_block(self.tensors[s], c0, stop, plan.cols, compiled, features_first=True) for s in self.j_syms]
+        mask = _valid(blocks[0].shape[2], max(0, min(c1, self.m) - c0), self.problem.dtype, self.problem.device)
+        return blocks, mask.view(1, 1, -1, 1)
+
+    def example_arguments(self, plan: TilePlan) -> tuple:
+        """A compiled kernel's first tile, copied: what a background compile traces and runs once."""
+        rows, rowmask = self._rows(plan, True, 0, min(plan.rows, self.n))
+        cols, mask = self._columns(plan, True, 0, min(plan.cols, self.width))
+        return rows, cols, [self.tensors[s].clone() for s in self.p_syms], mask, rowmask
+
+    def run(self, plan: TilePlan, compiled: bool, *, kernel=None, start: int = 0, clusters=None, switch=None) -> int:
+        """Row blocks from ``start`` on; returns the first row not done (``n`` unless ``switch`` took over)."""
+        kernel = kernel or self.kernel(plan, compiled)
+        column_blocks: dict[tuple[int, int], tuple] = {}
+        params = [self.tensors[s] for s in self.p_syms]
+        consumers, by_column = self.consumers, self.by_column
+        for (r0, r1), column_ranges in tile_schedule(self.n, self.width, plan, clusters, start):
+            rows, rowmask = self._rows(plan, compiled, r0, r1)
+            states = [self.column_states.get(k) for k in range(len(consumers))]
+            for c0, c1 in column_ranges:
+                if (c0, c1) not in column_blocks:
+                    column_blocks[(c0, c1)] = self._columns(plan, compiled, c0, c1)
+                cols, mask = column_blocks[(c0, c1)]
+                partials = kernel(rows, cols, params, mask, rowmask)
+                at = [slice(c0, c1) if column else self.offset + c0 for column in by_column]
+                states = [cons.combine(st, p, a) for cons, st, p, a in zip(consumers, states, partials, at)]
+            self._finish_rows(states, rows[0].shape[1], r1 - r0)
+            if switch is not None and r1 < self.n and switch(r1) is not None:
+                return r1
+        return self.n
+
+    def _finish_rows(self, states, padded: int, valid: int) -> None:
+        if self.sharding is None:
+            for k, cons in enumerate(self.consumers):
+                if not self.by_column[k]:
+                    self.outputs[k].append(tuple(o[:, :valid] for o in cons.finalize(states[k], padded, self.batch)))
+            return
+        self.pending.append((states, padded, valid))
+        self.pending_bytes += sum(_nbytes(st) for st, column in zip(states, self.by_column) if not column)
+        if self.pending_bytes >= MERGE_BYTES:
+            _merge_ranks(self.sharding, self.consumers, self.by_column, self.pending, self.batch, self.outputs)
+            self.pending_bytes = 0
+
+    def results(self) -> list[tuple]:
+        if self.pending:
+            _merge_ranks(self.sharding, self.consumers, self.by_column, self.pending, self.batch, self.outputs)
+        for k, state in self.column_states.items():
+            self.outputs[k].append(tuple(o[:, : self.m] for o in self.consumers[k].finalize(state, self.width, self.batch)))
+        return [tuple(torch.cat(parts, 1) for parts in zip(*blocks)) for blocks in self.outputs]

@@ -11,9 +11,11 @@ the warning says why it is slow.
 """
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import platform
+import sys
 import tempfile
 import threading
 import warnings
@@ -25,8 +27,11 @@ import torch
 from . import lower
 
 MAX_KERNELS = 64
+# Kernels read the thread count when they run, not when they were compiled: a pass on a busy
+# machine uses fewer threads (engine.pass_threads) without a recompile.
+COMPILE_OPTIONS = {"cpp.dynamic_threads": True}
 _CACHE: OrderedDict[tuple, Callable] = OrderedDict()
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
 stats = {"built": 0, "fallbacks": 0}  # kernels generated (cache misses) and compile failures
 _EAGER_SECONDS: dict[tuple, float] = {}  # formula -> eager time spent on it (the "auto" tiering)
 _COMPILED_FORMULAS: set[tuple] = set()
@@ -88,28 +93,123 @@ def _recorded(path: str, facts: dict) -> bool:
         return False
 
 
-def _compiled(eager: Callable, label: str, options: dict) -> Callable:
-    state = {"fn": torch.compile(eager, fullgraph=True, dynamic=False, options=options or None), "compiled": True,
-             "first": True}
+class CompiledKernel:
+    """``torch.compile`` of one tile function at one tile shape; the eager function after a failure.
 
-    def run(*args):
-        if state["compiled"]:
+    Compilation happens at the first call, on the caller's thread, or ahead of
+    it in a background thread (``compile_in_background``) while the caller's
+    eager tiles run: the "auto" tier switches to this kernel once ``ready``.
+    A failure in the background is warned about on the caller's thread, at
+    its next look.
+    """
+
+    def __init__(self, eager: Callable, label: str, options: dict, formula: tuple):
+        self.eager, self.label, self.source, self.formula = eager, label, eager.source, formula
+        self.fn = torch.compile(eager, fullgraph=True, dynamic=False, options=options or None)
+        self.compiled = True
+        self.first = True
+        self.background: threading.Thread | None = None
+        self.compiled_once = threading.Event()  # set after the first call returned (compiled or fallen back)
+        self.failure: str | None = None  # a background compile's error, not yet warned about
+
+    def __call__(self, *args):
+        self._warn_failure()
+        if self.compiled:
             try:
-                if state["first"] and args[-1].device.type == "cpu":  # tile(I, J, P, mask, rowmask): a CPU kernel
+                if self.first and args[-1].device.type == "cpu":  # tile(I, J, P, mask, rowmask): a CPU kernel
                     _settle_vector_isa()
-                state["first"] = False
-                return state["fn"](*args)
+                self.first = False
+                out = self.fn(*args)
+                self._compiled_once()
+                return out
             except Exception as exc:  # noqa: BLE001 - any compiler failure falls back
-                warnings.warn(
-                    f"torch.compile failed for tile kernel {label} ({type(exc).__name__}: {exc}); running eager",
-                    CompileFallbackWarning,
-                    stacklevel=3,
-                )
-                stats["fallbacks"] += 1
-                state["fn"], state["compiled"] = eager, False
-        return state["fn"](*args)
+                self._fall_back(exc)
+                self._warn_failure(stacklevel=3)
+        return self.fn(*args)
 
-    return run
+    @property
+    def ready(self) -> bool:
+        """Compiled and usable without waiting: the auto tier switches to it."""
+        self._warn_failure()
+        return self.compiled and self.compiled_once.is_set()
+
+    def _compiled_once(self) -> None:
+        if not self.compiled_once.is_set():
+            _COMPILED_FORMULAS.add(self.formula)  # its other tile shapes compile without waiting for eager time
+            self.compiled_once.set()
+
+    def _fall_back(self, exc: Exception) -> None:
+        stats["fallbacks"] += 1
+        self.fn, self.compiled = self.eager, False
+        self.failure = f"{type(exc).__name__}: {exc}"
+        self.compiled_once.set()
+
+    def _warn_failure(self, stacklevel: int = 4) -> None:
+        if self.failure is not None:
+            failure, self.failure = self.failure, None
+            warnings.warn(f"torch.compile failed for tile kernel {self.label} ({failure}); running eager",
+                          CompileFallbackWarning, stacklevel=stacklevel)
+
+    def compile_in_background(self, args: tuple) -> None:
+        """Compile by one call on ``args`` (copies of a real tile's) in a daemon thread; at most once."""
+        with _LOCK:
+            if self.background is not None or not self.compiled:
+                return
+            self.background = threading.Thread(target=contextvars.copy_context().run, args=(self._background_call, args),
+                                               name=f"lazytensor-compile-{self.label}", daemon=True)
+        _BACKGROUND.start(self.background)
+
+    def _background_call(self, args: tuple) -> None:
+        try:
+            if self.first and args[-1].device.type == "cpu":
+                _settle_vector_isa()
+            self.first = False
+            self.fn(*args)
+            self._compiled_once()
+        except Exception as exc:  # noqa: BLE001 - any compiler failure falls back
+            self._fall_back(exc)
+        finally:
+            _BACKGROUND.finished()
+
+
+class _Background:
+    """Background compiles in flight. While any runs, the interpreter switches threads every
+    ``SWITCH_SECONDS`` instead of every 5 ms: the caller's eager tiles give up the GIL inside each
+    ATen op, and with the default interval each op's return could wait 5 ms for the compiler's
+    Python to yield it back."""
+
+    SWITCH_SECONDS = 2e-4
+
+    def __init__(self):
+        self.running, self.saved_interval = 0, None
+        self.idle = threading.Condition(_LOCK)
+
+    def start(self, thread: threading.Thread) -> None:
+        with _LOCK:
+            if self.running == 0:
+                self.saved_interval = sys.getswitchinterval()
+                sys.setswitchinterval(min(self.saved_interval, self.SWITCH_SECONDS))
+            self.running += 1
+        thread.start()
+
+    def finished(self) -> None:
+        with _LOCK:
+            self.running -= 1
+            if self.running == 0:
+                sys.setswitchinterval(self.saved_interval)
+                self.idle.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with _LOCK:
+            return self.idle.wait_for(lambda: self.running == 0, timeout)
+
+
+_BACKGROUND = _Background()
+
+
+def wait_for_background_compiles(timeout: float | None = None) -> bool:
+    """Block until no background compile runs (tests, benchmarks that want the steady state); False on timeout."""
+    return _BACKGROUND.wait(timeout)
 
 
 def tile_kernel(consumers, exprs, info, order, *, formula: tuple, shapes, compiled: bool, expand: bool = True) -> Callable:
@@ -123,16 +223,19 @@ def tile_kernel(consumers, exprs, info, order, *, formula: tuple, shapes, compil
             return fn
         label = f"{abs(hash(key)) % 10**8:08d}"
         eager = lower.build_tile_function(consumers, exprs, info, order, label, expand=expand)
-        options = {k: v for c in consumers for k, v in c.compile_options.items()}
-        fn = _compiled(eager, label, options) if compiled else eager
-        if compiled:
-            _COMPILED_FORMULAS.add(formula)
-        fn.source = eager.source
+        options = {**COMPILE_OPTIONS, **{k: v for c in consumers for k, v in c.compile_options.items()}}
+        fn = CompiledKernel(eager, label, options, formula) if compiled else eager
         _CACHE[full_key] = fn
         stats["built"] += 1
         while len(_CACHE) > MAX_KERNELS:
             _CACHE.popitem(last=False)
     return fn
+
+
+def cached_kernel(formula: tuple, shapes, compiled: bool):
+    """The kernel ``tile_kernel`` would return, if it is cached; None otherwise (nothing is built)."""
+    with _LOCK:
+        return _CACHE.get(((formula, shapes), compiled))
 
 
 def record_eager(formula_key: tuple, seconds: float) -> None:

@@ -352,10 +352,13 @@ def test_auto_backend_compiles_once_eager_time_would_pay_for_it(monkeypatch):
     f.sum(1), f.sum(1)
     assert not compiles  # a one-off (or cheap) formula never compiles
     monkeypatch.setattr(engine, "COMPILE_AFTER_SECONDS", 0.0)
-    f.sum(1)
-    assert len(compiles) == 1  # its eager time so far exceeds the threshold: compiled now
-    torch.testing.assert_close(f.sum(1), ((torch.cdist(x, y) ** 2 * y.sum(1) * 3 - 1).sum(1, keepdim=True)))
-    assert len(compiles) == 1
+    ref = (torch.cdist(x, y) ** 2 * y.sum(1) * 3 - 1).sum(1, keepdim=True)
+    built = kernels.stats["built"]
+    torch.testing.assert_close(f.sum(1), ref)  # its eager time so far exceeds the threshold: compiles aside, answers eager
+    assert len(compiles) == 1 and kernels.wait_for_background_compiles(60)
+    before = engine.routes["compiled"]
+    torch.testing.assert_close(f.sum(1), ref)  # the compiled kernel is ready: used, not built again
+    assert len(compiles) == 1 and kernels.stats["built"] == built + 1 and engine.routes["compiled"] == before + 1
 
 
 def test_kernel_cache_is_bounded(monkeypatch):
