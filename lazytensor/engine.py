@@ -117,9 +117,10 @@ class Problem:
         return Problem(info, tensors, self.order + list(extra))
 
     def canonical(self, exprs: list[sympy.Expr]) -> tuple:
-        """A structural key for ``exprs``: symbols renamed by axis and position."""
+        """A structural key for ``exprs``: symbols renamed by axis and position (sympy compares and hashes
+        expressions structurally, so the renamed expressions are the key; printing them cost ~1 ms a call)."""
         rename = {s: ir.make_symbol(f"{self.info[s].axis}{k}_{self.info[s].dim}") for k, s in enumerate(self.order)}
-        return tuple(sympy.srepr(e.xreplace(rename)) for e in exprs)
+        return tuple(e.xreplace(rename) for e in exprs)
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,12 @@ def _free_threads(wanted: int) -> int:
         cores = len(os.sched_getaffinity(0))
     except (OSError, ValueError, IndexError, AttributeError):  # not Linux: keep torch's setting
         return wanted
-    return max(1, min(wanted, cores - max(0, runnable - max(own, 1))))
+    return threads_left(wanted, cores, runnable - max(own, 1))
+
+
+def threads_left(wanted: int, cores: int, others: int) -> int:
+    """``wanted`` threads, at most the cores that ``others`` runnable tasks leave, at least one."""
+    return max(1, min(wanted, cores - max(0, others)))
 
 
 @contextlib.contextmanager

@@ -222,7 +222,7 @@ def tile_kernel(consumers, exprs, info, order, *, formula: tuple, shapes, compil
             _CACHE.move_to_end(full_key)
             return fn
         label = f"{abs(hash(key)) % 10**8:08d}"
-        eager = lower.build_tile_function(consumers, exprs, info, order, label, expand=expand)
+        eager = lower.build_tile_function(consumers, exprs, info, order, label, expand=expand, eager=not compiled)
         options = {**COMPILE_OPTIONS, **{k: v for c in consumers for k, v in c.compile_options.items()}}
         fn = CompiledKernel(eager, label, options, formula) if compiled else eager
         _CACHE[full_key] = fn

@@ -1,0 +1,150 @@
+"""The default path: which route a call takes ("auto"), never how long it took.
+
+A call never waits for a compile: the auto tier compiles in a background
+thread and switches to the compiled kernel at a row block once it is ready;
+a pass uses only the cores other processes leave free; eager tiles compute
+small-D squared distances feature by feature (exact, no (n, m, D) tensor).
+"""
+import math
+import threading
+import warnings
+
+import pytest
+import torch
+
+import lazytensor as lt
+from lazytensor import engine, kernels
+
+
+def _fake_compile(compiled_on: list):
+    """torch.compile that records the thread it compiles on (at the first call) and returns the function."""
+    def compile_(fn, **kwargs):
+        def run(*args):
+            if not run.traced:
+                compiled_on.append(threading.current_thread())
+                run.traced = True
+            return fn(*args)
+        run.traced = False
+        return run
+    return compile_
+
+
+def _formula(x, y, scale):
+    return (lt.Vi(x).sqdist(lt.Vj(y)) * (lt.Vj(y).sqnorm2() + 1) * scale).exp()  # formulas no other test runs
+
+
+def _reference(x, y, b, scale):
+    return torch.exp(((x[:, None] - y[None]) ** 2).sum(-1) * ((y**2).sum(1) + 1) * scale) @ b
+
+
+def test_a_cheap_formula_never_compiles_and_a_worthwhile_one_compiles_aside(monkeypatch):
+    compiled_on = []
+    monkeypatch.setattr(torch, "compile", _fake_compile(compiled_on))
+    monkeypatch.setattr(engine, "AUTO_COMPILE_MIN_PAIRS", 1)
+    x, y, b = torch.randn(40, 3), torch.randn(30, 3), torch.randn(30, 2)
+    monkeypatch.setattr(engine, "COMPILE_AFTER_SECONDS", math.inf)
+    for _ in range(3):
+        torch.testing.assert_close(_formula(x, y, -0.31) @ b, _reference(x, y, b, -0.31))
+    assert not compiled_on  # its projected cost never reaches the threshold: eager only
+    monkeypatch.setattr(engine, "COMPILE_AFTER_SECONDS", 0.0)
+    routes = dict(engine.routes)
+    torch.testing.assert_close(_formula(x, y, -0.31) @ b, _reference(x, y, b, -0.31))
+    assert kernels.wait_for_background_compiles(60)
+    assert len(compiled_on) == 1 and compiled_on[0] is not threading.main_thread()  # compiled aside, not in the call
+    assert engine.routes["eager"] == routes.get("eager", 0) + 1  # that call answered from eager tiles
+    torch.testing.assert_close(_formula(x, y, -0.31) @ b, _reference(x, y, b, -0.31))
+    assert engine.routes["compiled"] == routes.get("compiled", 0) + 1 and len(compiled_on) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_pass_switches_to_the_compiled_kernel_at_a_row_block(monkeypatch, dtype):
+    """Eager row blocks first, the compiled kernel for the rest once ready: the same values and gradients."""
+    monkeypatch.setattr(torch, "compile", _fake_compile([]))
+    monkeypatch.setattr(engine, "AUTO_COMPILE_MIN_PAIRS", 1)
+    monkeypatch.setattr(engine, "COMPILE_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(engine, "TILE_BUDGET_BYTES", 4096)  # many eager row blocks
+    # the compile finishes at once (inline), so the pass switches after its first row block
+    monkeypatch.setattr(kernels.CompiledKernel, "compile_in_background", lambda self, args: self(*args))
+    x = torch.randn(203, 3, dtype=dtype, requires_grad=True)
+    y, b = torch.randn(97, 3, dtype=dtype), torch.randn(97, 5, dtype=dtype)
+    routes = dict(engine.routes)
+    out = _formula(x, y, -0.23) @ b
+    assert engine.routes["eager, then compiled"] == routes.get("eager, then compiled", 0) + 1
+    x_ref = x.detach().clone().requires_grad_()
+    ref = _reference(x_ref, y, b, -0.23)
+    torch.testing.assert_close(out, ref)
+    weight = torch.randn_like(ref)
+    (g,), (g_ref,) = torch.autograd.grad((out * weight).sum(), [x]), torch.autograd.grad((ref * weight).sum(), [x_ref])
+    torch.testing.assert_close(g, g_ref)
+
+
+def test_column_sums_survive_a_switch(monkeypatch):
+    """Sums over i keep one state across every column: it must span both tiers of a switched pass."""
+    monkeypatch.setattr(torch, "compile", _fake_compile([]))
+    monkeypatch.setattr(engine, "AUTO_COMPILE_MIN_PAIRS", 1)
+    monkeypatch.setattr(engine, "COMPILE_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(engine, "TILE_BUDGET_BYTES", 4096)
+    monkeypatch.setattr(kernels.CompiledKernel, "compile_in_background", lambda self, args: self(*args))
+    x, y = torch.randn(150, 2, dtype=torch.float64), torch.randn(61, 2, dtype=torch.float64)
+    out = (-lt.Vi(x).sqdist(lt.Vj(y)) * 0.7).exp().sum(0)
+    torch.testing.assert_close(out, torch.exp(-0.7 * torch.cdist(x, y) ** 2).sum(0)[:, None])
+
+
+def test_a_background_compile_failure_warns_on_the_callers_thread(monkeypatch):
+    def broken(fn, **kwargs):
+        def run(*args):
+            raise RuntimeError("no compiler here")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(engine, "AUTO_COMPILE_MIN_PAIRS", 1)
+    monkeypatch.setattr(engine, "COMPILE_AFTER_SECONDS", 0.0)
+    x, y, b = torch.randn(20, 3), torch.randn(25, 3), torch.randn(25, 2)
+    with pytest.warns(kernels.CompileFallbackWarning, match="no compiler here") as caught:
+        torch.testing.assert_close(_formula(x, y, -0.17) @ b, _reference(x, y, b, -0.17))
+        assert kernels.wait_for_background_compiles(60)
+        torch.testing.assert_close(_formula(x, y, -0.17) @ b, _reference(x, y, b, -0.17))
+    assert len(caught) == 1  # once, from this thread, during one of the calls
+    routes = dict(engine.routes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(_formula(x, y, -0.17) @ b, _reference(x, y, b, -0.17))
+    assert engine.routes["eager"] == routes.get("eager", 0) + 1  # the failed kernel is never switched to
+
+
+@pytest.mark.parametrize("wanted, cores, others, expected", [
+    (2, 2, 0, 2),  # a quiet machine: every thread
+    (2, 2, 1, 1),  # one core busy: one thread, no parallel region waits for a descheduled thread
+    (2, 2, 5, 1),  # a crowded machine: still one
+    (4, 8, 3, 4),  # enough cores left
+    (8, 8, 3, 5),
+    (1, 2, 0, 1),
+])
+def test_threads_left(wanted, cores, others, expected):
+    assert engine.threads_left(wanted, cores, others) == expected
+
+
+def test_a_pass_restores_the_callers_thread_count(monkeypatch):
+    monkeypatch.setattr(engine, "free_threads", lambda wanted: 1)
+    before = torch.get_num_threads()
+    x, y = torch.randn(30, 3), torch.randn(20, 3)
+    seen = []
+    original = engine._TileLoop.run
+    def run(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(engine._TileLoop, "run", run)
+    lt.Vi(x).sqdist(lt.Vj(y)).sum(1)
+    assert seen == [1] and torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_eager_tiles_compute_small_d_distances_feature_by_feature_exactly(dtype):
+    """Zero distances stay exactly zero (no expansion), with no (n, m, D) intermediate in the eager tile."""
+    x = torch.randn(37, 3, dtype=dtype) + 100  # far from the origin: an expansion would cancel
+    y = x[5:6]  # one column: each row's sum is one term, so rounding order cannot differ
+    d = (lt.Vi(x).sqdist(lt.Vj(y)) + 1e-30).sqrt().sum(1, backend="eager")
+    torch.testing.assert_close(d, (((x - y) ** 2).sum(-1, keepdim=True) + 1e-30).sqrt(), rtol=0, atol=0)  # row 5: 1e-15
+    sources = [fn.source for (key, compiled), fn in kernels._CACHE.items() if not compiled]
+    assert any("torch.square(" in src and "[:, None, :, 2]" in src and ".sum(-1" not in src for src in sources)
