@@ -21,6 +21,8 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 demo: venv
+	$(PY) -m harness operators --case rbf-matmul --n 4096 --m 4096 --d 3 --channels 16 --backward --first-call --cache warm \
+		--variants dense,generic,keops --output results/demo-rbf-matmul-first-call.json
 	$(PY) -m harness operators --case rbf-matmul --n 4096 --m 4096 --d 3 --channels 16 --backward --repeats 3 --warmup 1 --output results/demo-rbf-matmul.json
 
 test: venv

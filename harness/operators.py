@@ -28,7 +28,9 @@ error and the command exits nonzero.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import json
 import math
 from typing import Callable
@@ -195,9 +197,12 @@ def _events(case, chunk):
 def _keops(case):
     """The case with pykeops's LazyTensor; None where pykeops is missing or has no equivalent."""
     try:
-        from pykeops.torch import LazyTensor
+        with contextlib.redirect_stdout(io.StringIO()):  # its CUDA-not-found notice on import, on CPU machines
+            import pykeops
+            from pykeops.torch import LazyTensor
     except ImportError:
         return None
+    pykeops.set_verbose(False)  # its one line per compiled kernel would break up the tables
 
     def sq(x, y):
         return ((LazyTensor(x[:, None, :]) - LazyTensor(y[None, :, :])) ** 2).sum(-1)

@@ -39,3 +39,26 @@ def test_report_prints_markdown_and_flags_failures(tmp_path, capsys):
     path.write_text(json.dumps(record))
     assert main(["report", str(path)]) == 1
 
+
+
+def test_first_call_mode_times_fresh_processes_and_validates_them(tmp_path, capsys):
+    """--first-call: one fresh child per variant and cache, calls timed with their peak memory, values checked."""
+    out = tmp_path / "first.json"
+    code = main(["operators", "--case", "rbf-matmul", "--n", "37", "--m", "29", "--d", "4", "--channels", "2",
+                 "--dtype", "float64", "--first-call", "--calls", "2", "--cache", "cold", "--busy",
+                 "--variants", "dense,generic", "--output", str(out)])
+    assert code == 0
+    record = json.loads(out.read_text())
+    assert record["mode"] == "first-call" and record["busy"] is True
+    rows = {r["variant"]: r for r in record["first_calls"]}
+    assert set(rows) == {"dense", "generic"} and all(r["cache"] == "cold" for r in rows.values())
+    assert len(rows["generic"]["seconds"]) == 2 and len(rows["generic"]["peak_bytes"]) == 2
+    assert max(rows["generic"]["validation"].values()) < 1e-9
+    assert "x dense mem" in capsys.readouterr().out  # no column name cut when the output is not a terminal
+    assert main(["report", str(out)]) == 0
+
+
+def test_busy_goes_with_first_call(tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        main(["operators", "--busy", "--output", str(tmp_path / "x.json")])
+    assert exit_.value.code == 2
