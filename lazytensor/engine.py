@@ -16,16 +16,14 @@ so a new N, M or bandwidth never recompiles.
 from __future__ import annotations
 
 import collections
-import contextlib
 import math
-import os
 import time
 from dataclasses import dataclass, field
 
 import sympy
 import torch
 
-from . import ir, kernels
+from . import ir, kernels, threads
 
 # Tile shape. Compiled tiles hold about PAIRS_PER_TILE pairs (256 x 1024: measured fastest
 # here for the RBF product at D = 3 and 32, forward and backward, 1.3-1.6x faster than
@@ -180,63 +178,6 @@ def plan_tiles(problem: Problem, consumers, chunk_size, compiled: bool, m: int |
     if compiled:
         return TilePlan(min(rows, bucket(n)), min(cols, bucket(m)))
     return TilePlan(min(rows, n), min(cols, m))
-
-
-def free_threads(wanted: int) -> int:
-    """How many of ``wanted`` threads a pass should use: fewer where other processes hold the cores now.
-
-    A tile pass runs thousands of short parallel regions, and each one waits
-    for its slowest thread: with one core taken by another process, every
-    region waits for a descheduled thread (the RBF product at 8192^2 on 2 cores
-    with one busy: 18.6 s at 2 threads, 1.2 s at 1, dense 2.2 s). So a pass
-    counts the tasks runnable on the machine right now (``/proc/loadavg``),
-    less this process's own, and uses only the cores left (at least one).
-    """
-    if wanted <= 1:
-        return wanted
-    now = time.monotonic()
-    if now - _THREADS_SEEN[0] < THREADS_RECHECK_SECONDS and _THREADS_SEEN[1] == wanted:
-        return _THREADS_SEEN[2]  # a loop of small calls reads /proc once per interval, not per call
-    _THREADS_SEEN[:] = [now, wanted, _free_threads(wanted)]
-    return _THREADS_SEEN[2]
-
-
-THREADS_RECHECK_SECONDS = 0.1
-_THREADS_SEEN = [-math.inf, 0, 0]  # (when, threads wanted, threads granted)
-
-
-def _free_threads(wanted: int) -> int:
-    try:
-        with open("/proc/loadavg") as fh:
-            runnable = int(fh.read().split()[3].split("/")[0])
-        own = 0
-        for task in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{task}/stat") as fh:
-                own += fh.read().rsplit(")", 1)[1].split()[0] == "R"
-        cores = len(os.sched_getaffinity(0))
-    except (OSError, ValueError, IndexError, AttributeError):  # not Linux: keep torch's setting
-        return wanted
-    return threads_left(wanted, cores, runnable - max(own, 1))
-
-
-def threads_left(wanted: int, cores: int, others: int) -> int:
-    """``wanted`` threads, at most the cores that ``others`` runnable tasks leave, at least one."""
-    return max(1, min(wanted, cores - max(0, others)))
-
-
-@contextlib.contextmanager
-def pass_threads(device: torch.device):
-    """torch's intra-op threads for one CPU pass (``free_threads``), restored after it."""
-    wanted = torch.get_num_threads()
-    use = free_threads(wanted) if device.type == "cpu" else wanted
-    if use == wanted:
-        yield
-        return
-    torch.set_num_threads(use)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(wanted)
 
 
 def _eager_pairs(problem: Problem, consumers, budget: int) -> int:
@@ -453,7 +394,7 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
         expand,
     )
     loop = _TileLoop(problem, consumers, exprs, formula_key, expand, offset, sharding)
-    with pass_threads(problem.device):
+    with threads.pass_threads(problem.device):
         _run(loop, problem, consumers, backend, chunk_size, ranges, formula_key, sizes if sharding is not None else None)
     return loop.results()
 
@@ -580,6 +521,7 @@ class _TileLoop:
         params = [self.tensors[s] for s in self.p_syms]
         consumers, by_column = self.consumers, self.by_column
         for (r0, r1), column_ranges in tile_schedule(self.n, self.width, plan, clusters, start):
+            threads.follow_load()
             rows, rowmask = self._rows(plan, compiled, r0, r1)
             states = [self.column_states.get(k) for k in range(len(consumers))]
             for c0, c1 in column_ranges:

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from . import lower
+from . import lower, threads
 
 MAX_KERNELS = 64
 # Kernels read the thread count when they run, not when they were compiled: a pass on a busy
@@ -190,11 +190,15 @@ class _Background:
                 self.saved_interval = sys.getswitchinterval()
                 sys.setswitchinterval(min(self.saved_interval, self.SWITCH_SECONDS))
             self.running += 1
+            threads.background_compiles = self.running  # the compiler takes a core from the passes
+            threads.forget()
         thread.start()
 
     def finished(self) -> None:
         with _LOCK:
             self.running -= 1
+            threads.background_compiles = self.running
+            threads.forget()
             if self.running == 0:
                 sys.setswitchinterval(self.saved_interval)
                 self.idle.notify_all()
