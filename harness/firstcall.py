@@ -58,7 +58,9 @@ def _child() -> None:
     call = operators.workload(name=request["variant"], **config)
     if request["prepare"]:  # fill the disk cache, as a previous run on this machine would have
         method.steady_state_kernels()
-        call(), call()
+        call()
+        method.settle()
+        call()
         print(_MARK + json.dumps({"prepared": True}), flush=True)
         return
     seconds, peaks, first = [], [], None

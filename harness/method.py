@@ -37,12 +37,20 @@ class BenchmarkError(RuntimeError):
 
 
 def steady_state_kernels() -> None:
-    """Streamed kernels compile at their first call (the warm-up) instead of after lazytensor's
-    JIT tiering has spent a second of eager time: timed rounds and memory children then all
-    measure the same compiled steady state, never a compilation in the middle of the rounds."""
+    """Streamed kernels start compiling at their first call (the warm-up) instead of after lazytensor's
+    JIT tiering has spent a second of eager time; ``settle`` after the warm-up waits for those
+    background compiles, so timed rounds and memory children all measure the same compiled steady
+    state, never a compilation in the middle of the rounds."""
     from lazytensor import engine
 
     engine.COMPILE_AFTER_SECONDS = 0.0
+
+
+def settle() -> None:
+    """Wait until no lazytensor kernel compiles in the background (the end of a warm-up)."""
+    from lazytensor import kernels
+
+    kernels.wait_for_background_compiles()
 
 
 def synchronize(device: str | torch.device) -> None:
@@ -205,9 +213,11 @@ def run_variants(
                 bar.update(task, description=f"{name}: first call and warm-up")
                 results[name].first_call_s, _ = timed(fn, device)
                 bar.advance(task)
+                settle()
                 for _ in range(max(warmup - 1, 0)):
                     timed(fn, device)
                     bar.advance(task)
+                settle()
             for round_ in range(1, repeats + 1):
                 rng.shuffle(order)
                 for name in order:
@@ -286,6 +296,7 @@ def _peak_rss_child() -> None:
         workload = factory(**kwargs)
         if request["warmup"]:
             workload()  # one-time initialisation is not the workload's memory
+            settle()
         worst = None
         for _ in range(request["calls"]):  # the worst of several calls, not a lucky one
             gc.collect()
