@@ -51,14 +51,17 @@ class CountingMeter(Meter):
         return losses
 
 
-@pytest.mark.parametrize("method", ["ngopt", "snes", "cem", "sep-cma"])
+STEP_ONE = {"ngopt": {"sigma": 1.0}, "snes": {"stdev_init": 1.0}, "cem": {"stdev_init": 1.0}, "sep-cma": {"sigma0": 1.0}}
+
+
+@pytest.mark.parametrize("method", sorted(STEP_ONE))
 def test_generation_adapters_are_charged_every_candidate_and_improve(method):
     pytest.importorskip(OPTIONAL_PACKAGES[method])
     task = TASK_BUILDERS["quadratic"](0)
     meter = CountingMeter(task, 400)
     meter.observe(lambda: task.x0, force=True)
     with pytest.raises(BudgetExhausted):
-        RUNNERS[method](task, meter, 0, GRIDS[method][4])  # step size 1: the quadratic's start is one unit off
+        RUNNERS[method](task, meter, 0, {**GRIDS[method][0], **STEP_ONE[method]})  # the start is one unit off
     assert sum(meter.batches) == meter.evaluations <= 400
     assert len(set(meter.batches)) == 1 and meter.batches[0] > 1  # whole generations, one batch each
     assert meter.evaluations > 400 - meter.batches[0]  # stopped only when the next generation did not fit
