@@ -82,7 +82,7 @@ def compare(task_name: str, methods: list[str], seeds: list[int], budget: int, w
 
 
 def plot(record: dict[str, Any], path: str) -> None:
-    """Best-so-far vs evaluations and vs seconds: median over seeds with the IQR shaded."""
+    """Best-so-far vs evaluations and vs seconds: median over seeds, min to max shaded."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -101,9 +101,8 @@ def plot(record: dict[str, Any], path: str) -> None:
                 end = max(c[axis_name][-1] for c in curves) or 1.0
                 grid = np.linspace(0.0, end, 200)
                 values = np.array([np.interp(grid, c[axis_name], c["best"]) for c in curves])
-                q1, med, q3 = np.percentile(values, [25, 50, 75], axis=0)
-                ax.plot(grid, med, label=method)
-                ax.fill_between(grid, q1, q3, alpha=0.2)
+                ax.plot(grid, np.median(values, axis=0), label=LABELS.get(method, method))
+                ax.fill_between(grid, values.min(axis=0), values.max(axis=0), alpha=0.2)
             ax.set_yscale("log")
             ax.set_xlabel(axis_name)
             ax.set_title(f"{task_name}: best loss vs {axis_name}")
@@ -204,9 +203,46 @@ def report(record: dict[str, Any], args: argparse.Namespace, console) -> None:
             table.add_row(task_name, LABELS.get(method, method), f"{s['median']:.3g}", f"{s['min']:.3g}-{s['max']:.3g}",
                           f"{data['seconds']['median']:.2f}", f"{per_1000:.3f}", str(data["chosen"]))
     console.print(table)
+    if args.markdown:
+        console.print(markdown(record), markup=False, highlight=False, soft_wrap=True)
     write_json(args.output, record)
     if args.output is not None:
         plot(record, args.plot or str(args.output).rsplit(".", 1)[0] + ".png")
+
+
+def markdown(record: dict[str, Any], reference: str = "polytope-defaults") -> str:
+    """The docs' tables: median (min-max) of the best loss, then seconds per 1000 evaluations, one row per task;
+    last, on how many tasks ``reference`` has the lower median than each other method, and its worst relative loss."""
+    tasks = record["tasks"]
+    methods = list(dict.fromkeys(m for methods in tasks.values() for m in methods))
+    budgets = record["budget"] if isinstance(record["budget"], dict) else dict.fromkeys(tasks, record["budget"])
+    head = "| task (parameters, budget) | " + " | ".join(LABELS.get(m, m) for m in methods) + " |"
+    rule = "| --- " * (len(methods) + 1) + "|"
+    loss, speed = [head, rule], [head, rule]
+    for task_name, data in tasks.items():
+        best = min(data[m]["summary"]["median"] for m in data)
+        size = TASK_BUILDERS[task_name](0).x0.numel()
+        cells, times = [], []
+        for m in methods:
+            s = data.get(m, {}).get("summary")
+            cell = "" if s is None else f"{s['median']:.3g} ({s['min']:.3g}-{s['max']:.3g})"
+            cells.append(f"**{cell}**" if s is not None and s["median"] == best else cell)
+            times.append(f"{data[m]['seconds_per_1000']['median']:.3g}" if m in data else "")
+        label = f"{task_name} ({size:,}, {budgets[task_name]:,})"
+        loss.append(f"| {label} | " + " | ".join(cells) + " |")
+        speed.append(f"| {label} | " + " | ".join(times) + " |")
+    verdicts = []
+    for m in methods:
+        if m == reference:
+            continue
+        pairs = [(d[reference]["summary"]["median"], d[m]["summary"]["median"])
+                 for d in tasks.values() if reference in d and m in d]
+        wins = sum(ours < theirs for ours, theirs in pairs)
+        worst = max(((ours - theirs) / theirs for ours, theirs in pairs if ours > theirs and theirs > 0), default=0.0)
+        verdicts.append(f"- against {LABELS.get(m, m)}: lower median on {wins} of {len(pairs)} tasks"
+                        + (f", worst loss {100 * worst:.0f}% above its median" if worst else ""))
+    return "\n".join(["Best loss: median (min-max) over seeds", "", *loss, "", "Seconds per 1000 evaluations (median over seeds)",
+                      "", *speed, "", *verdicts])
 
 
 def register(subparsers) -> None:
@@ -226,6 +262,7 @@ def register(subparsers) -> None:
     parser.add_argument("--plot", type=cli.output_path, default=None, help="PNG path (default: the output path with .png)")
     parser.add_argument("--merge", nargs="+", type=cli.json_record, default=None, metavar="FILE",
                         help="combine these JSON records instead of running")
+    parser.add_argument("--markdown", action="store_true", help="also print the docs' Markdown tables")
     parser.set_defaults(func=run)
 
 

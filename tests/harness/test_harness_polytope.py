@@ -23,11 +23,13 @@ def test_batched_objective_matches_the_module_and_is_deterministic(name):
             assert float(task.loss_fn(task.model(inputs), targets)) == pytest.approx(float(loss), rel=1e-10)
 
 
-def test_cli_charges_every_evaluation_and_writes_json_and_plot(tmp_path):
+def test_cli_charges_every_evaluation_and_writes_json_plot_and_markdown(tmp_path, capsys):
     out = tmp_path / "cmp.json"
-    code = main_args_run(["polytope", "--task", "rosenbrock", "--seeds", "0", "1", "--budget", "300", "--no-tune",
+    code = main_args_run(["polytope", "--task", "rosenbrock", "--seeds", "0", "1", "--budget", "300", "--no-tune", "--markdown",
                           "--optimizers", "polytope-defaults", "polytope", "random-search", "spsa", "--output", str(out)])
     assert code == 0
+    text = capsys.readouterr().out
+    assert "| rosenbrock (10, 300) | " in text and "against spsa: lower median on " in text
     record = json.loads(out.read_text())
     for method, data in record["tasks"]["rosenbrock"].items():
         for run in data["runs"]:
