@@ -25,7 +25,7 @@ from .tasks import TASK_BUILDERS, TASKS
 
 OPTIMIZERS = ("polytope-defaults", "polytope", "random-search", "spsa", "sep-cma", "polystep", "adam", "ngopt", "snes", "cem")
 LABELS = {"polytope-defaults": "polytope (defaults)", "polytope": "polytope (tuned)", "ngopt": "NGOpt", "snes": "SNES",
-          "cem": "CEM"}
+          "cem": "CEM", "sep-cma": "sep-CMA-ES"}
 PACKAGES = {**OPTIONAL_PACKAGES, "polytope-defaults": "polytope", "polytope": "polytope"}
 
 
@@ -89,20 +89,22 @@ def plot(record: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    tasks = record["tasks"]
+    tasks = {name: record["tasks"][name] for name in TASKS if name in record["tasks"]}
     fig, axes = plt.subplots(len(tasks), 2, figsize=(10, 3.2 * len(tasks)), squeeze=False)
     for row, (task_name, methods) in enumerate(tasks.items()):
         for col, axis_name in enumerate(("evaluations", "seconds")):
             ax = axes[row, col]
-            for method, data in methods.items():
+            for method in (m for m in OPTIMIZERS if m in methods):  # one colour per method in every panel
+                data = methods[method]
                 curves = [r["curve"] for r in data["runs"] if r["curve"]["best"]]
                 if not curves:
                     continue
                 end = max(c[axis_name][-1] for c in curves) or 1.0
                 grid = np.linspace(0.0, end, 200)
                 values = np.array([np.interp(grid, c[axis_name], c["best"]) for c in curves])
-                ax.plot(grid, np.median(values, axis=0), label=LABELS.get(method, method))
-                ax.fill_between(grid, values.min(axis=0), values.max(axis=0), alpha=0.2)
+                colour = f"C{OPTIMIZERS.index(method)}"
+                ax.plot(grid, np.median(values, axis=0), label=LABELS.get(method, method), color=colour)
+                ax.fill_between(grid, values.min(axis=0), values.max(axis=0), alpha=0.2, color=colour)
             ax.set_yscale("log")
             ax.set_xlabel(axis_name)
             ax.set_title(f"{task_name}: best loss vs {axis_name}")
@@ -213,8 +215,9 @@ def report(record: dict[str, Any], args: argparse.Namespace, console) -> None:
 def markdown(record: dict[str, Any], reference: str = "polytope-defaults") -> str:
     """The docs' tables: median (min-max) of the best loss, then seconds per 1000 evaluations, one row per task;
     last, on how many tasks ``reference`` has the lower median than each other method, and its worst relative loss."""
-    tasks = record["tasks"]
-    methods = list(dict.fromkeys(m for methods in tasks.values() for m in methods))
+    tasks = {name: record["tasks"][name] for name in TASKS if name in record["tasks"]}
+    seen = {m for methods in tasks.values() for m in methods}
+    methods = [reference] * (reference in seen) + [m for m in OPTIMIZERS if m in seen and m != reference]
     budgets = record["budget"] if isinstance(record["budget"], dict) else dict.fromkeys(tasks, record["budget"])
     head = "| task (parameters, budget) | " + " | ".join(LABELS.get(m, m) for m in methods) + " |"
     rule = "| --- " * (len(methods) + 1) + "|"
