@@ -2,10 +2,11 @@
 from .candidates import CandidateBatch, CandidateGroup
 from .evaluators import NNCostEvaluator
 from .optimizer import PolytopeOptimizer
+from .schedules import ProbeRadius, cosine_schedule, exponential_schedule
 from .subspaces import FactoredSubspace, HybridSubspace
 from .train import History, train
 
 __all__ = [
     "PolytopeOptimizer", "train", "History", "CandidateBatch", "CandidateGroup",
-    "NNCostEvaluator", "HybridSubspace", "FactoredSubspace",
+    "NNCostEvaluator", "HybridSubspace", "FactoredSubspace", "ProbeRadius", "cosine_schedule", "exponential_schedule",
 ]

@@ -31,12 +31,13 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from . import validation as check
 from .candidates import CandidateBatch, CandidateGroup, Subspace
-from .controllers import AdaptiveTemperature, MultifidelityScreen, ProbeScale, TrustRegion, check_schedule
+from .controllers import AdaptiveTemperature, MultifidelityScreen, ProbeScale, TrustRegion
 from .defaults import frame_dims, initial_radius
 from .geometry import POLYTOPES, vertex_count
 from .moves import RADIUS_MODELS, BlockModels, Momentum, fit_models, move_lengths
 from .objective import ClosureObjective, EvaluatorObjective, Objective, chunks
 from .probes import ROTATIONS, Probes, make_blocks
+from .schedules import check_schedule
 from .transport import SOLVERS, Transport, barycentric_directions
 
 MAX_MODEL_STEP = 4.0  # without a trust region, model steps stop at this many mean probe radii

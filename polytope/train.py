@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import itertools
 import time
 import warnings
@@ -14,6 +13,7 @@ from torch import nn
 
 from . import distributed
 from . import validation as check
+from .evaluators import NNCostEvaluator
 from .optimizer import PolytopeOptimizer
 
 DATA_FORMS = "an (inputs, targets) pair of torch tensors or an iterable (list, DataLoader) of such pairs"
@@ -102,16 +102,9 @@ def _check_dtype(model: nn.Module, inputs: torch.Tensor) -> None:
                         f"convert one of them (e.g. inputs.to({param.dtype}) or model.to({inputs.dtype}))")
 
 
-def _make_evaluator(model: nn.Module, loss_fn: Callable, optimizer: PolytopeOptimizer, group):
-    """NNCostEvaluator (scoring across ``group``'s ranks when set) if the evaluator module exists, else None (closure)."""
-    try:
-        from .evaluators import NNCostEvaluator
-    except ImportError:
-        return None
-    accepted = inspect.signature(NNCostEvaluator).parameters
-    options = {k: v for k, v in dataclasses.asdict(optimizer.evaluator_options).items() if k in accepted}
-    evaluator = NNCostEvaluator(model, loss_fn, group=group, **options)
-    return evaluator if callable(getattr(evaluator, "evaluate_batch", None)) else None
+def _make_evaluator(model: nn.Module, loss_fn: Callable, optimizer: PolytopeOptimizer, group) -> NNCostEvaluator:
+    """NNCostEvaluator with the optimizer's (validated) evaluator options, scoring across ``group``'s ranks when set."""
+    return NNCostEvaluator(model, loss_fn, group=group, **dataclasses.asdict(optimizer.evaluator_options))
 
 
 def flat_closure(model: nn.Module, loss_fn: Callable, inputs, targets, shards=None) -> Callable[..., torch.Tensor]:
