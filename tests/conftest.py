@@ -5,6 +5,13 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.dirname(__
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# CI replays the same property examples every run (a new random example there is a flaky
+# submission, not a finding); locally hypothesis keeps exploring and remembers what failed.
+settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 torch._dynamo.config.fail_on_recompile_limit_hit = True
 
