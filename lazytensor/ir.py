@@ -530,20 +530,45 @@ def _split(factors, info):
 MAX_DISTRIBUTED_TERMS = 64
 
 
-def _products(expr: sympy.Expr) -> list[list[sympy.Expr]]:
+def unbounded_at_zero(node: sympy.Expr) -> bool:
+    """A node that may be arbitrarily large for finite arguments: a negative (or symbolic) power or a log.
+
+    Near a zero argument such a node amplifies any rounding error of that
+    argument without bound, so expansions that trade exactness for speed (the
+    norm expansion, distributing differences) cannot be trusted under it.
+    """
+    if isinstance(node, sympy.Pow):
+        return not (node.exp.is_Number and node.exp > 0)
+    if isinstance(node, ZeroSafePow):
+        return not (node.args[1].is_Number and node.args[1] > 0)
+    return isinstance(node, sympy.log)
+
+
+def _singular(factor: sympy.Expr, info) -> bool:
+    """A factor depending on both axes that may be unbounded where x_i ~ y_j (a 1/|x_i - y_j| in a gradient)."""
+    if axes_of(factor, info) != {"i", "j"}:
+        return False
+    return any(unbounded_at_zero(n) and axes_of(n, info) == {"i", "j"} for n in sympy.preorder_traversal(factor))
+
+
+def _products(expr: sympy.Expr, info) -> list[list[sympy.Expr]]:
     """``expr`` as factor lists whose products sum to it: products distributed over sums.
 
     Our own distribution (sympy's ``expand`` spends milliseconds per call in
     ``as_numer_denom``); a product that would exceed MAX_DISTRIBUTED_TERMS
-    terms keeps its sums as factors.
+    terms keeps its sums as factors, and so does a product with a singular
+    mixed factor c: c (x_i - y_j) distributed is x_i c - c y_j, two terms that
+    cancel catastrophically where c is huge (c ~ 1/|x_i - y_j| on the diagonal
+    of K(X, X)), while the direct difference is exactly 0 there.
     """
     if isinstance(expr, sympy.Add):
-        return [p for a in expr.args for p in _products(a)]
+        return [p for a in expr.args for p in _products(a, info)]
     if isinstance(expr, sympy.Mul):
+        keep_mixed = any(_singular(f, info) for f in expr.args)
         out = [[]]
         for f in expr.args:
-            parts = _products(f) if isinstance(f, sympy.Add) else [[f]]
-            if len(out) * len(parts) > MAX_DISTRIBUTED_TERMS:
+            parts = _products(f, info) if isinstance(f, sympy.Add) else [[f]]
+            if len(out) * len(parts) > MAX_DISTRIBUTED_TERMS or (keep_mixed and axes_of(f, info) == {"i", "j"}):
                 parts = [[f]]
             out = [a + b for a in out for b in parts]
         return out
@@ -555,10 +580,11 @@ def sum_terms(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]):
 
     Products are distributed over sums so that, e.g., the gradient term
     c_ij * (x_i - y_j) becomes x_i * rowsum(c) - c @ y: matrix products
-    instead of an N x M x D broadcast. Terms whose mixed part has feature size
-    above 1 cannot use a matrix product; the caller sums those directly.
+    instead of an N x M x D broadcast, where c is bounded (see ``_products``).
+    Terms whose mixed part has feature size above 1 cannot use a matrix
+    product; the caller sums those directly.
     """
-    return [_split(factors, info) for factors in _products(expr)]
+    return [_split(factors, info) for factors in _products(expr, info)]
 
 
 def lift_constants(exprs: list[sympy.Expr]) -> tuple[list[sympy.Expr], list[tuple[sympy.Symbol, float]]]:
