@@ -116,7 +116,11 @@ class InRange(sympy.Function):
 
 
 class Clamp(sympy.Function):
-    """min(max(a, lo), hi); the bounds may be formulas too (torch.clamp with tensor bounds)."""
+    """min(max(a, lo), hi); the bounds may be formulas too (torch.clamp with tensor bounds).
+
+    Values and gradients follow torch.clamp, also where lo > hi (value hi,
+    gradient to hi; KeOps would give lo) and at ties.
+    """
 
     nargs = 3
 
@@ -128,9 +132,9 @@ class Clamp(sympy.Function):
         a, lo, hi = self.args
         if argindex == 1:
             return InRange(a, lo, hi)
-        if argindex == 2:
-            return _indicator(a < lo)
-        return _indicator(a > hi)
+        if argindex == 2:  # torch's rule, consistent with the value when lo > hi (then the value is hi)
+            return _indicator(sympy.And(a < lo, lo < hi))
+        return _indicator(sympy.Or(a > hi, lo > hi))
 
 
 class ZeroSafePow(sympy.Function):
@@ -188,11 +192,15 @@ class XLogX(sympy.Function):
         return sympy.log(self.args[0]) + 1
 
 
+SERIES_RADIUS = 1.0  # |a| below which SinXDivXDiff uses its Taylor series
+
+
 class SinXDivXDiff(sympy.Function):
     """The ``order``-th derivative of sin(a) / a, continuous at a = 0 (KeOps's SinXDivX(0) = 1).
 
-    Each order is its own node, lowered with its exact limit at 0, so
-    derivatives of every order are finite there (a quotient rule would give 0/0).
+    Each order is its own node, lowered with its Taylor series near 0, so
+    derivatives of every order are finite and accurate there (a quotient rule
+    would give 0/0 at 0 and cancel catastrophically around it).
     """
 
     nargs = 2
@@ -205,9 +213,20 @@ class SinXDivXDiff(sympy.Function):
         t = sympy.Dummy("t", real=True)
         return sympy.diff(sympy.sin(t) / t, t, int(self.args[1])).xreplace({t: arg})
 
-    def limit_at_zero(self) -> sympy.Expr:
+    def series(self, arg: sympy.Expr) -> sympy.Expr:
+        """The Taylor series at 0 in Horner form, to double precision for |arg| <= SERIES_RADIUS.
+
+        The closed form cancels near 0 (cos a / a - sin a / a^2 for the first
+        derivative loses digits as 1 / a^2), so small arguments use this.
+        From sin(t) / t = sum_k (-1)^k t^(2k) / (2k + 1)!, the n-th derivative
+        is sum over 2k >= n of (-1)^k t^(2k - n) / ((2k + 1) (2k - n)!); terms
+        up to t^20 leave a remainder below 1 / 21! ~ 2e-20 on |t| <= 1.
+        """
         order = int(self.args[1])
-        return sympy.Integer(0) if order % 2 else sympy.Rational((-1) ** (order // 2), order + 1)
+        t = sympy.Dummy("t", real=True)
+        terms = [sympy.Integer(-1) ** k * t ** (2 * k - order) / ((2 * k + 1) * sympy.factorial(2 * k - order))
+                 for k in range((order + 1) // 2, (order + 21) // 2 + 1)]
+        return sympy.horner(sympy.Add(*terms), t).xreplace({t: arg})
 
 
 def sinxdivx(arg: sympy.Expr) -> sympy.Expr:

@@ -214,9 +214,10 @@ class TileSource:
     def _special(self, e: sympy.Expr) -> str:  # noqa: C901 - one dispatch table
         if isinstance(e, sympy.atan2):
             return f"torch.atan2({self._tensor(e.args[0])}, {self._tensor(e.args[1])})"
-        if isinstance(e, ir.SinXDivXDiff):  # the closed form, and its limit at exactly 0
+        if isinstance(e, ir.SinXDivXDiff):  # the Taylor series near 0, the closed form elsewhere
             a = self.emit(e.args[0])
-            return f"torch.where({a} == 0, {self._constant(e.limit_at_zero())}, {self._tensor(e.expansion(e.args[0]))})"
+            near = f"{a}.abs() < {ir.SERIES_RADIUS!r}"
+            return f"torch.where({near}, {self._tensor(e.series(e.args[0]))}, {self._tensor(e.expansion(e.args[0]))})"
         if isinstance(e, ir.Round):  # torch.round takes halves to even; KeOps (C's round) away from zero
             scale = 10.0 ** int(e.args[1])
             v = self._assign(sympy.Dummy(), f"{self._tensor(e.args[0])} * {scale!r}")
