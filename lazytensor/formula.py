@@ -74,7 +74,8 @@ class LazyTensor:
         and the expression's, so that ``x - x`` keeps x's size after sympy
         folds it to 0. Feature contractions pass 1.
         """
-        out = cls.__new__(cls)
+        kind = next((type(p) for p in parents if type(p) is not LazyTensor), cls)  # a flavour (lazytensor.keops) sticks
+        out = kind.__new__(kind)
         out.variables = {}
         for p in parents:
             out.variables.update(p.variables)
@@ -638,7 +639,7 @@ class LazyTensor:
         if vector and options.get("out") is not None:
             options = {**options, "out": options["out"][..., None]}
         options = {"ranges": self.ranges, **options}
-        out = (self * LazyTensor(b[:, None] if vector else b, "j")).sum(1, **options)
+        out = (self * LazyTensor(b[:, None] if vector else b, "j")).sum("j", **options)
         return out[..., 0] if vector else out
 
     __matmul__ = matmul
@@ -661,7 +662,7 @@ class LazyTensor:
             new = ir.new_variable_symbol()
             renamed[s] = new
             variables[new] = _Variable({"i": "j", "j": "i"}[v.axis], v.tensor, v.follows_dtype, v.numpy)
-        out = LazyTensor.__new__(LazyTensor)
+        out = type(self).__new__(type(self))
         out.expr, out.variables, out.width = self.expr.xreplace(renamed), variables, self.width
         out.ranges = None if self.ranges is None else (*self.ranges[3:6], *self.ranges[0:3])
         return out
