@@ -93,6 +93,8 @@ def keops_ranges(ranges):
         return ranges
     out = list(ranges)
     for k in (1, 4):
+        if out[k] is None:  # the other axis's half may be left out
+            continue
         slices = torch.as_tensor(out[k])
         if slices.dim() == 2 and slices.shape[1] == 1:
             slices = slices[:, 0]
