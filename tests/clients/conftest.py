@@ -28,17 +28,15 @@ def _import_over_lazytensor(name: str):
     return importlib.import_module(name)
 
 
-@pytest.fixture(scope="module")
-def gpytorch():
-    module = _import_over_lazytensor("gpytorch")
-    yield module
-    lk.uninstall()
-    _forget(CLIENTS)
+def _client(name: str):
+    @pytest.fixture(scope="module", name=name)
+    def fixture():
+        yield _import_over_lazytensor(name)
+        lk.uninstall()
+        _forget(CLIENTS)
+
+    return fixture
 
 
-@pytest.fixture(scope="module")
-def geomloss():
-    module = _import_over_lazytensor("geomloss")
-    yield module
-    lk.uninstall()
-    _forget(CLIENTS)
+gpytorch = _client("gpytorch")
+geomloss = _client("geomloss")
