@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["grid_cluster", "sort_clusters", "cluster_ranges", "cluster_centroids", "cluster_ranges_centroids", "from_matrix",
-           "swap_axes"]
+           "keops_ranges", "swap_axes"]
 
 
 def grid_cluster(x: torch.Tensor, size) -> torch.Tensor:
@@ -79,6 +79,33 @@ def from_matrix(ranges_i: torch.Tensor, ranges_j: torch.Tensor, keep: torch.Tens
     slices_i = keep.sum(1).cumsum(0).to(torch.int64)
     slices_j = keep.sum(0).cumsum(0).to(torch.int64)
     return ranges_i, slices_i, ranges_j[cols], ranges_j, slices_j, ranges_i[rows]
+
+
+def keops_ranges(ranges):
+    """KeOps's ``ranges`` 6-tuple with its slices as flat ends, however KeOps code spelled them.
+
+    Slices come as (C,) ends (``from_matrix``), as (C, 1) columns, or as (C, 2)
+    [start, end) pairs into the stacked reduction ranges, which must then be
+    consecutive. Anything else passes through for ``engine.check_ranges`` to
+    reject with its message.
+    """
+    if not isinstance(ranges, (tuple, list)) or len(ranges) != 6:
+        return ranges
+    out = list(ranges)
+    for k in (1, 4):
+        if out[k] is None:  # the other axis's half may be left out
+            continue
+        slices = torch.as_tensor(out[k])
+        if slices.dim() == 2 and slices.shape[1] == 1:
+            slices = slices[:, 0]
+        elif slices.dim() == 2 and slices.shape[1] == 2:
+            starts, ends = slices[:, 0], slices[:, 1]
+            if len(ends) and (int(starts[0]) != 0 or not torch.equal(starts[1:], ends[:-1])):
+                raise ValueError("ranges: slices given as (C, 2) [start, end) pairs must be consecutive, starting at 0; "
+                                 f"got {slices.tolist()}")
+            slices = ends
+        out[k] = slices
+    return tuple(out)
 
 
 def swap_axes(ranges):

@@ -18,11 +18,14 @@ import numpy as np
 import sympy
 import torch
 
-from . import autograd, distributed, engine, ir, reductions
+from . import autograd, cluster, distributed, engine, ir, reductions
 
 Number = Union[int, float]
-# Options every reduction takes (``axis`` is KeOps's and NumPy's name for ``dim``).
-REDUCTION_OPTIONS = ("backend", "chunk_size", "ranges", "out", "axis", "group")
+# Options every reduction takes (``axis`` is KeOps's and NumPy's name for ``dim``; ``sum_scheme`` is KeOps's).
+REDUCTION_OPTIONS = ("backend", "chunk_size", "ranges", "out", "axis", "group", "sum_scheme")
+# KeOps's summation orders: ours sums each tile, then the tiles ("block_sum"); "kahan_scheme" asks for more
+# accuracy than float32 accumulation, which sums give by accumulating in float64.
+SUM_SCHEMES = ("auto", "direct_sum", "block_sum", "kahan_scheme")
 _FEATURES = ("features", -1)
 
 
@@ -71,7 +74,8 @@ class LazyTensor:
         and the expression's, so that ``x - x`` keeps x's size after sympy
         folds it to 0. Feature contractions pass 1.
         """
-        out = cls.__new__(cls)
+        kind = next((type(p) for p in parents if type(p) is not LazyTensor), cls)  # a flavour (lazytensor.keops) sticks
+        out = kind.__new__(kind)
         out.variables = {}
         for p in parents:
             out.variables.update(p.variables)
@@ -504,10 +508,16 @@ class LazyTensor:
             _feature_options(options if dtype_acc is None else {**options, "dtype_acc": dtype_acc})
             return self._contract(lambda a: a)
 
-        def make(e, p):
-            return reductions.Sum(e, p.info, self.width, dtype_acc=reductions.accumulation_dtype(dtype_acc, p.dtype))
+        compensated = options.get("sum_scheme") == "kahan_scheme" and dtype_acc is None
 
-        return self._reduce(make, dim, options)[0]
+        def make(e, p):
+            acc = torch.float64 if compensated and p.dtype == torch.float32 else dtype_acc
+            return reductions.Sum(e, p.info, self.width, dtype_acc=reductions.accumulation_dtype(acc, p.dtype))
+
+        out = self._reduce(make, dim, options)[0]
+        if compensated:  # the result in the formula's dtype, as KeOps returns it
+            out = out.astype(self.dtype) if isinstance(out, np.ndarray) else out.to(self.dtype)
+        return out
 
     sum_reduction = sum
 
@@ -629,7 +639,7 @@ class LazyTensor:
         if vector and options.get("out") is not None:
             options = {**options, "out": options["out"][..., None]}
         options = {"ranges": self.ranges, **options}
-        out = (self * LazyTensor(b[:, None] if vector else b, "j")).sum(1, **options)
+        out = (self * LazyTensor(b[:, None] if vector else b, "j")).sum("j", **options)
         return out[..., 0] if vector else out
 
     __matmul__ = matmul
@@ -652,7 +662,7 @@ class LazyTensor:
             new = ir.new_variable_symbol()
             renamed[s] = new
             variables[new] = _Variable({"i": "j", "j": "i"}[v.axis], v.tensor, v.follows_dtype, v.numpy)
-        out = LazyTensor.__new__(LazyTensor)
+        out = type(self).__new__(type(self))
         out.expr, out.variables, out.width = self.expr.xreplace(renamed), variables, self.width
         out.ranges = None if self.ranges is None else (*self.ranges[3:6], *self.ranges[0:3])
         return out
@@ -707,6 +717,8 @@ class LazyTensor:
         if unknown:
             hint = " (dtype_acc is an option of sum and K @ b)" if "dtype_acc" in unknown else ""
             raise TypeError(f"unexpected reduction option(s) {unknown}{hint}; known: {list(REDUCTION_OPTIONS)}")
+        if options.get("sum_scheme", "auto") not in SUM_SCHEMES:
+            raise ValueError(f"sum_scheme must be one of {list(SUM_SCHEMES)}, got {options['sum_scheme']!r}")
         if options.get("axis") is not None:
             dim = options["axis"]
         axis = _axis(dim, self.nbatchdims)
@@ -715,7 +727,7 @@ class LazyTensor:
         engine.check_chunk_size(chunk_size)
         source = self if values is None else LazyTensor._build(self.expr, self, values, width=self.width)
         problem, batch = source.problem(axis)
-        ranges = engine.check_ranges(options.get("ranges", self.ranges), problem, axis)
+        ranges = engine.check_ranges(cluster.keops_ranges(options.get("ranges", self.ranges)), problem, axis)
         if ranges is not None and batch:
             raise ValueError("ranges (block-sparse reductions) are not supported with batch dimensions")
         sharding = distributed.active(options.get("group"))

@@ -116,7 +116,11 @@ class InRange(sympy.Function):
 
 
 class Clamp(sympy.Function):
-    """min(max(a, lo), hi); the bounds may be formulas too (torch.clamp with tensor bounds)."""
+    """min(max(a, lo), hi); the bounds may be formulas too (torch.clamp with tensor bounds).
+
+    Values and gradients follow torch.clamp, also where lo > hi (value hi,
+    gradient to hi; KeOps would give lo) and at ties.
+    """
 
     nargs = 3
 
@@ -128,9 +132,9 @@ class Clamp(sympy.Function):
         a, lo, hi = self.args
         if argindex == 1:
             return InRange(a, lo, hi)
-        if argindex == 2:
-            return _indicator(a < lo)
-        return _indicator(a > hi)
+        if argindex == 2:  # torch's rule, consistent with the value when lo > hi (then the value is hi)
+            return _indicator(sympy.And(a < lo, lo < hi))
+        return _indicator(sympy.Or(a > hi, lo > hi))
 
 
 class ZeroSafePow(sympy.Function):
@@ -188,11 +192,15 @@ class XLogX(sympy.Function):
         return sympy.log(self.args[0]) + 1
 
 
+SERIES_RADIUS = 1.0  # |a| below which SinXDivXDiff uses its Taylor series
+
+
 class SinXDivXDiff(sympy.Function):
     """The ``order``-th derivative of sin(a) / a, continuous at a = 0 (KeOps's SinXDivX(0) = 1).
 
-    Each order is its own node, lowered with its exact limit at 0, so
-    derivatives of every order are finite there (a quotient rule would give 0/0).
+    Each order is its own node, lowered with its Taylor series near 0, so
+    derivatives of every order are finite and accurate there (a quotient rule
+    would give 0/0 at 0 and cancel catastrophically around it).
     """
 
     nargs = 2
@@ -205,9 +213,20 @@ class SinXDivXDiff(sympy.Function):
         t = sympy.Dummy("t", real=True)
         return sympy.diff(sympy.sin(t) / t, t, int(self.args[1])).xreplace({t: arg})
 
-    def limit_at_zero(self) -> sympy.Expr:
+    def series(self, arg: sympy.Expr) -> sympy.Expr:
+        """The Taylor series at 0 in Horner form, to double precision for |arg| <= SERIES_RADIUS.
+
+        The closed form cancels near 0 (cos a / a - sin a / a^2 for the first
+        derivative loses digits as 1 / a^2), so small arguments use this.
+        From sin(t) / t = sum_k (-1)^k t^(2k) / (2k + 1)!, the n-th derivative
+        is sum over 2k >= n of (-1)^k t^(2k - n) / ((2k + 1) (2k - n)!); terms
+        up to t^20 leave a remainder below 1 / 21! ~ 2e-20 on |t| <= 1.
+        """
         order = int(self.args[1])
-        return sympy.Integer(0) if order % 2 else sympy.Rational((-1) ** (order // 2), order + 1)
+        t = sympy.Dummy("t", real=True)
+        terms = [sympy.Integer(-1) ** k * t ** (2 * k - order) / ((2 * k + 1) * sympy.factorial(2 * k - order))
+                 for k in range((order + 1) // 2, (order + 21) // 2 + 1)]
+        return sympy.horner(sympy.Add(*terms), t).xreplace({t: arg})
 
 
 def sinxdivx(arg: sympy.Expr) -> sympy.Expr:
@@ -530,20 +549,45 @@ def _split(factors, info):
 MAX_DISTRIBUTED_TERMS = 64
 
 
-def _products(expr: sympy.Expr) -> list[list[sympy.Expr]]:
+def unbounded_at_zero(node: sympy.Expr) -> bool:
+    """A node that may be arbitrarily large for finite arguments: a negative (or symbolic) power or a log.
+
+    Near a zero argument such a node amplifies any rounding error of that
+    argument without bound, so expansions that trade exactness for speed (the
+    norm expansion, distributing differences) cannot be trusted under it.
+    """
+    if isinstance(node, sympy.Pow):
+        return not (node.exp.is_Number and node.exp > 0)
+    if isinstance(node, ZeroSafePow):
+        return not (node.args[1].is_Number and node.args[1] > 0)
+    return isinstance(node, sympy.log)
+
+
+def _singular(factor: sympy.Expr, info) -> bool:
+    """A factor depending on both axes that may be unbounded where x_i ~ y_j (a 1/|x_i - y_j| in a gradient)."""
+    if axes_of(factor, info) != {"i", "j"}:
+        return False
+    return any(unbounded_at_zero(n) and axes_of(n, info) == {"i", "j"} for n in sympy.preorder_traversal(factor))
+
+
+def _products(expr: sympy.Expr, info) -> list[list[sympy.Expr]]:
     """``expr`` as factor lists whose products sum to it: products distributed over sums.
 
     Our own distribution (sympy's ``expand`` spends milliseconds per call in
     ``as_numer_denom``); a product that would exceed MAX_DISTRIBUTED_TERMS
-    terms keeps its sums as factors.
+    terms keeps its sums as factors, and so does a product with a singular
+    mixed factor c: c (x_i - y_j) distributed is x_i c - c y_j, two terms that
+    cancel catastrophically where c is huge (c ~ 1/|x_i - y_j| on the diagonal
+    of K(X, X)), while the direct difference is exactly 0 there.
     """
     if isinstance(expr, sympy.Add):
-        return [p for a in expr.args for p in _products(a)]
+        return [p for a in expr.args for p in _products(a, info)]
     if isinstance(expr, sympy.Mul):
+        keep_mixed = any(_singular(f, info) for f in expr.args)
         out = [[]]
         for f in expr.args:
-            parts = _products(f) if isinstance(f, sympy.Add) else [[f]]
-            if len(out) * len(parts) > MAX_DISTRIBUTED_TERMS:
+            parts = _products(f, info) if isinstance(f, sympy.Add) else [[f]]
+            if len(out) * len(parts) > MAX_DISTRIBUTED_TERMS or (keep_mixed and axes_of(f, info) == {"i", "j"}):
                 parts = [[f]]
             out = [a + b for a in out for b in parts]
         return out
@@ -555,10 +599,11 @@ def sum_terms(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]):
 
     Products are distributed over sums so that, e.g., the gradient term
     c_ij * (x_i - y_j) becomes x_i * rowsum(c) - c @ y: matrix products
-    instead of an N x M x D broadcast. Terms whose mixed part has feature size
-    above 1 cannot use a matrix product; the caller sums those directly.
+    instead of an N x M x D broadcast, where c is bounded (see ``_products``).
+    Terms whose mixed part has feature size above 1 cannot use a matrix
+    product; the caller sums those directly.
     """
-    return [_split(factors, info) for factors in _products(expr)]
+    return [_split(factors, info) for factors in _products(expr, info)]
 
 
 def lift_constants(exprs: list[sympy.Expr]) -> tuple[list[sympy.Expr], list[tuple[sympy.Symbol, float]]]:

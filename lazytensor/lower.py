@@ -69,22 +69,20 @@ class UnsupportedFormula(ValueError):
 
 
 def exact_distances(exprs: Sequence[sympy.Expr]) -> set[sympy.Expr]:
-    """Contractions under a fractional power (sqrt, norms): their cancellation would be amplified.
+    """Contractions under a fractional or negative power or a log: their cancellation would be amplified.
 
     The norm expansion of |x - y|^2 has an absolute error of a few ulps of
     |x|^2; under exp(-g d^2) that is harmless, under sqrt it turns a zero
-    distance into sqrt(eps). These keep the direct difference.
+    distance into sqrt(eps), under 1/d^2 or log d^2 it is unbounded. These
+    keep the direct difference, also inside a sum (sqrt(d^2 + 1e-20)).
     """
     found = set()
     for e in exprs:
         for node in sympy.preorder_traversal(e):
-            base = None
-            if isinstance(node, sympy.Pow) and not node.exp.is_Integer:
-                base = node.base
-            elif isinstance(node, ir.ZeroSafePow):
-                base = node.args[0]
-            if isinstance(base, ir.FSum):
-                found.add(base)
+            fractional = isinstance(node, sympy.Pow) and not node.exp.is_Integer
+            if fractional or isinstance(node, ir.ZeroSafePow) or ir.unbounded_at_zero(node):
+                found.update(f for term in sympy.Add.make_args(node.args[0]) for f in sympy.Mul.make_args(term)
+                             if isinstance(f, ir.FSum))
     return found
 
 
@@ -217,9 +215,10 @@ class TileSource:
     def _special(self, e: sympy.Expr) -> str:  # noqa: C901 - one dispatch table
         if isinstance(e, sympy.atan2):
             return f"torch.atan2({self._tensor(e.args[0])}, {self._tensor(e.args[1])})"
-        if isinstance(e, ir.SinXDivXDiff):  # the closed form, and its limit at exactly 0
+        if isinstance(e, ir.SinXDivXDiff):  # the Taylor series near 0, the closed form elsewhere
             a = self.emit(e.args[0])
-            return f"torch.where({a} == 0, {self._constant(e.limit_at_zero())}, {self._tensor(e.expansion(e.args[0]))})"
+            near = f"{a}.abs() < {ir.SERIES_RADIUS!r}"
+            return f"torch.where({near}, {self._tensor(e.series(e.args[0]))}, {self._tensor(e.expansion(e.args[0]))})"
         if isinstance(e, ir.Round):  # torch.round takes halves to even; KeOps (C's round) away from zero
             scale = 10.0 ** int(e.args[1])
             v = self._assign(sympy.Dummy(), f"{self._tensor(e.args[0])} * {scale!r}")

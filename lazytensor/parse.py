@@ -69,9 +69,17 @@ def _functions() -> dict:
         "concat": lambda *xs: LazyTensor.concatenate(tuple(as_lazy(x) for x in xs)),
         "inv": lambda x: 1 / as_lazy(x),
         "minus": lambda x: -as_lazy(x),
+        "IntCst": lambda n: _integer(n, "IntCst"),  # KeOps's integer constants
+        "IntInv": lambda n: 1 / _integer(n, "IntInv"),
     })
     table.update({keops: table[ours] for keops, ours in KEOPS_NAMES.items()})
     return table
+
+
+def _integer(n, name: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise ValueError(f"{name} takes an integer, got {n!r}")
+    return n
 
 
 FUNCTIONS = _functions()

@@ -88,8 +88,18 @@ class _Solve(torch.autograd.Function):
         return (None, None, d_b, d_alpha, *grads)
 
 
+def _dense_rhs(b):
+    """KeOps spells the right-hand side ``Vi(b)``: a LazyTensor that is one i-variable stands for its tensor."""
+    if not isinstance(b, LazyTensor):
+        return b
+    (sym, var), *rest = b.variables.items() if b.variables else ((None, None),)
+    if rest or b.expr != sym or var.axis != "i" or var.tensor.dim() != 2:
+        raise ValueError(f"solve: b must be a dense (N,) or (N, C) tensor or Vi(b) of one (N, C) tensor, got {b!r}")
+    return var.tensor.detach().numpy() if var.numpy else var.tensor
+
+
 def kernel_solve(K: LazyTensor, b, alpha=1e-10, **options):
-    """Solve (K + alpha I) a = b by conjugate gradients; ``K`` a scalar N x N formula, ``b`` (N,) or (N, C).
+    """Solve (K + alpha I) a = b by conjugate gradients; ``K`` a scalar N x N formula, ``b`` (N,), (N, C) or Vi(b).
 
     Options: ``rtol`` (relative residual, default 1e-4 in float32 and 1e-10 in
     float64), ``maxiter``, and ``backend`` / ``chunk_size`` / ``ranges`` for
@@ -107,6 +117,7 @@ def kernel_solve(K: LazyTensor, b, alpha=1e-10, **options):
     if n != m:
         raise ValueError(f"solve needs a square kernel matrix, got {n} x {m}")
     options = {"ranges": K.ranges, **options}
+    b = _dense_rhs(b)
     as_numpy = isinstance(b, np.ndarray) or K._numpy
     b_t = torch.from_numpy(b) if isinstance(b, np.ndarray) else b
     if not isinstance(b_t, torch.Tensor) or b_t.dim() not in (1, 2) or b_t.shape[0] != n:

@@ -192,7 +192,7 @@ def test_reduction_options_are_checked():
     with pytest.raises(ValueError, match="batch dimensions are not counted"):
         K.logsumexp(dim=2)  # KeOps: j of a one-batch-dim formula
     with pytest.raises(TypeError, match="unexpected reduction option"):
-        K.sum(1, sum_scheme="kahan_scheme")
+        K.sum(1, summation="kahan_scheme")  # KeOps's sum_scheme= is accepted (test_keops_suite_fixes.py)
     with pytest.raises(TypeError, match="dtype_acc is an option of sum"):
         K.logsumexp(1, dtype_acc="float64")
     torch.testing.assert_close(K.sum(1, dtype_acc="float64"), K.sum(1).double())  # batch dims too

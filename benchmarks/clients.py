@@ -1,0 +1,159 @@
+"""KeOps's clients on lazytensor.keops, beside pykeops and their dense paths: the table of docs/keops.md.
+
+    flock /tmp/tp-bench.lock .venv/bin/python benchmarks/clients.py [--n 5000] [--threads 1]
+        [--workloads sinkhorn,gp-mll,gp-predict] [--backends lazytensor,pykeops,dense] [--dtype float32]
+
+Workloads, as a user runs them with default settings:
+
+- ``sinkhorn``: GeomLoss ``SamplesLoss("sinkhorn", p=2, blur=0.05, backend="online")`` value and
+  gradient on n = m points in 3-D (dense: ``backend="tensorized"``);
+- ``gp-mll``: a GPyTorch exact GP with the KeOps RBF kernel (ScaleKernel, Gaussian likelihood),
+  negative marginal log-likelihood and its backward on n points in 3-D (dense: GPyTorch's RBFKernel);
+- ``gp-predict``: the same model's predictive mean and variance on 1000 points.
+
+Each (workload, backend) runs in a fresh process, because GPyTorch and GeomLoss bind pykeops when
+they are imported: ``lazytensor`` through ``lazytensor.keops.install()``, ``pykeops`` the real one
+(skipped when absent), ``dense`` without KeOps. The first call (lazytensor's compile, KeOps's C++
+build) is timed apart from the steady state (the median of ``--repeats`` later calls). One JSON
+line per run: seconds, the value (loss, or the mean of the prediction) to compare backends.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKLOADS = ("sinkhorn", "gp-mll", "gp-predict")
+BACKENDS = ("lazytensor", "pykeops", "dense")
+
+
+def _points(n: int, dtype, seed: int):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 3, generator=gen).to(dtype)
+
+
+def _sinkhorn(n: int, dtype, backend: str):
+    import geomloss
+    import torch
+
+    x, y = _points(n, dtype, 0).requires_grad_(), _points(n, dtype, 1) + 0.2
+    loss = geomloss.SamplesLoss("sinkhorn", p=2, blur=0.05, backend="tensorized" if backend == "dense" else "online")
+
+    def call():
+        value = loss(x, y)
+        (grad,) = torch.autograd.grad(value, x)
+        return float(value) + 0.0 * float(grad.sum())
+
+    return call
+
+
+def _gp(n: int, dtype, backend: str, predict: bool):
+    import gpytorch
+    import torch
+
+    x = _points(n, dtype, 0)
+    y = torch.sin(6 * x).sum(-1) + 0.1 * torch.randn(n, generator=torch.Generator().manual_seed(2)).to(dtype)
+    kernel = gpytorch.kernels.RBFKernel() if backend == "dense" else gpytorch.kernels.keops.RBFKernel()
+
+    class GP(gpytorch.models.ExactGP):
+        def __init__(self):
+            super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood())
+            self.mean, self.covar = gpytorch.means.ConstantMean(), gpytorch.kernels.ScaleKernel(kernel)
+
+        def forward(self, z):
+            return gpytorch.distributions.MultivariateNormal(self.mean(z), self.covar(z))
+
+    model = GP().to(dtype)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    x_test = _points(1000, dtype, 3)
+
+    def train_step():
+        model.train()
+        model.zero_grad()
+        loss = -mll(model(x), y)
+        loss.backward()
+        return float(loss)
+
+    def prediction():
+        model.eval()
+        with torch.no_grad():
+            pred = model.likelihood(model(x_test))
+            return float(pred.mean.mean()) + 0.0 * float(pred.variance.mean())
+
+    return prediction if predict else train_step
+
+
+def run_one(workload: str, backend: str, n: int, dtype_name: str, threads: int, repeats: int) -> dict:
+    """In this process: bind the backend, build the workload, time its first call and its steady state."""
+    if backend == "lazytensor":
+        import lazytensor.keops
+
+        lazytensor.keops.install()
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    dtype = getattr(torch, dtype_name)
+    call = _sinkhorn(n, dtype, backend) if workload == "sinkhorn" else _gp(n, dtype, backend, workload == "gp-predict")
+    start = time.perf_counter()
+    value = call()
+    first = time.perf_counter() - start
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        value = call()
+        samples.append(time.perf_counter() - start)
+    return {"workload": workload, "backend": backend, "n": n, "dtype": dtype_name, "threads": threads,
+            "first_s": round(first, 3), "steady_s": round(statistics.median(samples), 3),
+            "samples_s": [round(s, 3) for s in samples], "value": value}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=5000)
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=2, help="steady-state calls after the first")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per (workload, backend) run")
+    parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "BACKEND"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_one(*args.child, args.n, args.dtype, args.threads, args.repeats)))
+        return
+    workloads, backends = args.workloads.split(","), args.backends.split(",")
+    for name, allowed in (("workloads", WORKLOADS), ("backends", BACKENDS)):
+        unknown = set(locals()[name]) - set(allowed)
+        if unknown:
+            parser.error(f"--{name}: unknown {sorted(unknown)}; known: {list(allowed)}")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    for workload in workloads:
+        for backend in backends:
+            if backend == "pykeops" and importlib.util.find_spec("pykeops") is None:
+                print(json.dumps({"workload": workload, "backend": backend, "skipped": "pykeops is not installed"}))
+                continue
+            command = [sys.executable, __file__, "--child", workload, backend, "--n", str(args.n), "--dtype", args.dtype,
+                       "--threads", str(args.threads), "--repeats", str(args.repeats)]
+            try:
+                done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                print(json.dumps({"workload": workload, "backend": backend, "n": args.n, "error": f"over {args.timeout} s"}))
+                continue
+            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+            if done.returncode != 0 or not lines:
+                print(json.dumps({"workload": workload, "backend": backend, "n": args.n, "error": done.stderr[-2000:]}))
+                continue
+            print(lines[-1], flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""pykeops's public API with KeOps's semantics, on lazytensor's engine (docs/keops.md).
+
+    import lazytensor.keops
+    lazytensor.keops.install()        # from now on `import pykeops` is this module
+    import gpytorch, geomloss          # their KeOps code paths run on lazytensor
+
+or set ``TP_KEOPS=1`` in the environment: ``import lazytensor`` then installs it
+(``TP_KEOPS=auto``: only where the real pykeops is not importable). Packages
+that imported pykeops before ``install()`` keep the real one.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+from . import genred, lazy, numpy, torch
+from .genred import Genred, KernelSolve, generic_argkmin, generic_argmin, generic_logsumexp, generic_sum
+from .lazy import LazyTensor, Pm, Vi, Vj
+
+__version__ = "2.3"  # the pykeops API this layer follows
+ENVIRONMENT_VARIABLE = "TP_KEOPS"
+_MODULES = {"pykeops": __name__, "pykeops.torch": torch.__name__, "pykeops.torch.cluster": torch.cluster.__name__,
+            "pykeops.numpy": numpy.__name__, "pykeops.numpy.cluster": numpy.cluster.__name__}
+_saved: dict = {}
+
+
+def install(force: bool = True) -> bool:
+    """Make ``import pykeops`` (and ``pykeops.torch``, ``pykeops.numpy``, their ``cluster``) resolve to this module.
+
+    With ``force=False`` nothing changes where the real pykeops is importable.
+    Returns whether the mapping is in place. ``uninstall()`` restores the previous modules.
+    """
+    if installed():
+        return True
+    if not force and _real_pykeops_available():
+        return False
+    for name, ours in _MODULES.items():
+        if name in sys.modules:
+            _saved[name] = sys.modules[name]
+        sys.modules[name] = sys.modules[ours]
+    return True
+
+
+def uninstall() -> None:
+    """Undo ``install()``: the modules that were there before (the real pykeops, if it had been imported) come back."""
+    if not installed():
+        return
+    for name in _MODULES:
+        sys.modules.pop(name, None)
+    sys.modules.update(_saved)
+    _saved.clear()
+
+
+def installed() -> bool:
+    return sys.modules.get("pykeops") is sys.modules[__name__]
+
+
+def _real_pykeops_available() -> bool:
+    return "pykeops" in sys.modules or importlib.util.find_spec("pykeops") is not None
+
+
+def install_from_environment() -> None:
+    """``TP_KEOPS=1`` installs, ``TP_KEOPS=auto`` installs where the real pykeops is absent, unset or 0 does nothing."""
+    value = os.environ.get(ENVIRONMENT_VARIABLE, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        install()
+    elif value == "auto":
+        install(force=False)
+    elif value not in ("", "0", "false", "no", "off"):
+        raise ValueError(f"{ENVIRONMENT_VARIABLE} must be 1, auto or 0, got {os.environ[ENVIRONMENT_VARIABLE]!r}")
+
+
+def set_verbose(level) -> None:
+    """Accepted for pykeops compatibility: there is no build to report on."""
+
+
+def clean_pykeops() -> None:
+    """Accepted for pykeops compatibility: there is no KeOps build cache (compiled kernels live in Inductor's cache)."""
+
+
+__all__ = ["install", "uninstall", "installed", "LazyTensor", "Vi", "Vj", "Pm", "Genred", "KernelSolve", "generic_sum",
+           "generic_logsumexp", "generic_argmin", "generic_argkmin", "torch", "numpy", "genred", "lazy"]

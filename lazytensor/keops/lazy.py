@@ -1,0 +1,228 @@
+"""KeOps's LazyTensor semantics over lazytensor's formulas: a subclass that only translates.
+
+Differences from ``lazytensor.LazyTensor`` (which counts reduction dims without
+batch dimensions and reduces over j by default):
+
+- ``axis`` / ``dim`` count batch dimensions, as KeOps: with B batch dims,
+  B reduces over i, B + 1 over j, -1 (or B + 2) over features;
+- KeOps's defaults: ``sum`` / ``min`` / ``max`` / ``argmin`` / ``argmax`` reduce
+  the features (a formula); the other reductions need an axis;
+- a reduced axis without any variable counts as size 1 (KeOps's one-point case);
+- KeOps's tuning options are accepted and ignored (``backend="CPU"``,
+  ``device_id``, ``enable_chunks``, ``use_fast_math``, ...); ``dtype_acc`` /
+  ``use_double_acc`` and ``sum_scheme`` are honoured by sums; options that would
+  change a result we cannot honour raise ``ValueError``.
+
+Operations build the same IR and run on the same engine: nothing is re-implemented.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..formula import LazyTensor as CoreLazyTensor
+
+# KeOps's map-reduce schemes: how KeOps schedules its loop, not what it computes. Ours picks its own.
+KEOPS_BACKENDS = ("auto", "CPU", "GPU", "GPU_1D", "GPU_2D", "GPU_1D_device", "GPU_1D_host", "GPU_2D_device", "GPU_2D_host")
+IGNORED = ("device_id", "enable_chunks", "use_fast_math", "optional_flags", "is_complex")
+PASSED = ("ranges", "out", "chunk_size", "sum_scheme")
+SUM_REDUCTIONS = ("sum", "matmul")
+
+
+def options(kwargs: dict, reduction: str, dtype) -> dict:
+    """KeOps's keyword options as lazytensor's: tuning ones dropped, accuracy ones honoured or refused."""
+    out = {}
+    for name, value in kwargs.items():
+        if name == "backend":
+            if value in ("compiled", "eager"):
+                out["backend"] = value
+            elif value not in KEOPS_BACKENDS:
+                raise ValueError(f"backend must be one of KeOps's {list(KEOPS_BACKENDS)} (or 'compiled' / 'eager'), "
+                                 f"got {value!r}")
+        elif name in IGNORED:
+            continue
+        elif name in PASSED:
+            if value is not None:
+                out[name] = value
+        elif name == "call":
+            if value is not True:
+                raise ValueError("call=False (a LazyTensor waiting for its variables) is not supported: reduce with call=True")
+        elif name in ("dtype_acc", "use_double_acc"):
+            acc = (torch.float64 if value else None) if name == "use_double_acc" else (None if value in (None, "auto") else value)
+            if acc is None:
+                continue
+            if reduction in SUM_REDUCTIONS:
+                out["dtype_acc"] = acc
+            elif not _same_dtype(acc, dtype):
+                raise ValueError(f"{name}={value!r} is honoured by sums only; {reduction} accumulates in the formula's dtype "
+                                 f"({dtype}), which would change the result KeOps gives")
+        else:
+            raise TypeError(f"{reduction}: unexpected option {name!r}")
+    return out
+
+
+def _same_dtype(acc, dtype) -> bool:
+    name = acc if isinstance(acc, str) else str(acc).replace("torch.", "")
+    return dtype is not None and name == str(dtype).replace("torch.", "")
+
+
+class LazyTensor(CoreLazyTensor):
+    """pykeops's ``LazyTensor``: KeOps's axes and defaults on lazytensor's engine (see the module docstring)."""
+
+    def __init__(self, x=None, axis=None, is_complex=False):
+        if isinstance(x, tuple):
+            raise TypeError("symbolic KeOps variables (an (index, dim, category) tuple) are not supported: wrap tensors, "
+                            "or use Genred with alias strings")
+        if is_complex:
+            raise TypeError("complex KeOps LazyTensors are not supported")
+        super().__init__(x, axis)
+
+    # -- KeOps's shape bookkeeping
+    @property
+    def _shape(self) -> tuple:
+        """(*batch, N, M, D), every axis present (KeOps's internal shape; GeomLoss tests for it)."""
+        return self.batch_shape + (self._size("i"), self._size("j"), self.width)
+
+    def _keops_axis(self, axis, dim, default):
+        """KeOps's axis (batch dims counted) as lazytensor's: 'i', 'j' or -1 (features)."""
+        axis = dim if dim is not None else axis
+        if axis is None:
+            axis = default
+        if axis in ("i", "j"):
+            return axis
+        nb = self.nbatchdims
+        if axis is None:
+            raise ValueError(f"this reduction needs axis (or dim): {nb} to reduce over i, {nb + 1} over j")
+        if axis in (-1, nb + 2):
+            return -1
+        if isinstance(axis, bool) or axis not in (nb, nb + 1):
+            raise ValueError(f"axis (or dim) must be {nb} (over i), {nb + 1} (over j) or -1 (features) with {nb} batch "
+                             f"dimension(s), got {axis!r}")
+        return "i" if axis == nb else "j"
+
+    def _anchored(self, axis: str) -> "LazyTensor":
+        """Self with a variable on ``axis``: KeOps counts an axis without variables as one point."""
+        if any(v.axis == axis for v in self.variables.values()):
+            return self
+        anchor = next((v.tensor for v in self.variables.values() if not v.follows_dtype), None)
+        ones = torch.ones(1, 1, dtype=torch.float32 if anchor is None else anchor.dtype,
+                          device=None if anchor is None else anchor.device)
+        numpy = self._numpy
+        return self * LazyTensor(ones.numpy() if numpy else ones, axis)
+
+    def _run(self, name, axis, dim, default, kwargs, *args, **named):
+        where = self._keops_axis(axis, dim, default)
+        core_method = getattr(CoreLazyTensor, name)
+        if where == -1:
+            if kwargs.get("keepdim"):
+                kwargs = {k: v for k, v in kwargs.items() if k != "keepdim"}
+            options(kwargs, name, self.dtype)
+            return core_method(self, *args, dim=-1)
+        return core_method(self._anchored(where), *args, dim=where, **named, **options(kwargs, name, self.dtype))
+
+    # -- reductions, KeOps's signatures and defaults
+    def sum(self, axis=-1, dim=None, **kwargs):
+        return self._run("sum", axis, dim, -1, kwargs)
+
+    def sum_reduction(self, axis=None, dim=None, **kwargs):
+        return self._run("sum", axis, dim, None, kwargs)
+
+    def logsumexp(self, axis=None, dim=None, weight=None, **kwargs):
+        return self._run("logsumexp", axis, dim, None, kwargs, weight=weight)
+
+    def logsumexp_reduction(self, **kwargs):
+        return self.logsumexp(**kwargs)
+
+    def sumsoftmaxweight(self, weight, axis=None, dim=None, **kwargs):
+        return self._run("softmax_weighted_sum", axis, dim, None, kwargs, weight)
+
+    sumsoftmaxweight_reduction = sumsoftmaxweight
+
+    def min(self, axis=-1, dim=None, **kwargs):
+        return self._run("min", axis, dim, -1, kwargs)
+
+    def min_reduction(self, axis=None, dim=None, **kwargs):
+        return self._run("min", axis, dim, None, kwargs)
+
+    def argmin(self, axis=-1, dim=None, **kwargs):
+        return self._run("argmin", axis, dim, -1, kwargs)
+
+    def argmin_reduction(self, axis=None, dim=None, **kwargs):
+        return self._run("argmin", axis, dim, None, kwargs)
+
+    def min_argmin(self, axis=None, dim=None, **kwargs):
+        return self._run("min_argmin", axis, dim, None, kwargs)
+
+    min_argmin_reduction = min_argmin
+
+    def max(self, axis=-1, dim=None, **kwargs):
+        return self._run("max", axis, dim, -1, kwargs)
+
+    def max_reduction(self, axis=None, dim=None, **kwargs):
+        return self._run("max", axis, dim, None, kwargs)
+
+    def argmax(self, axis=-1, dim=None, **kwargs):
+        return self._run("argmax", axis, dim, -1, kwargs)
+
+    def argmax_reduction(self, axis=None, dim=None, **kwargs):
+        return self._run("argmax", axis, dim, None, kwargs)
+
+    def max_argmax(self, axis=None, dim=None, **kwargs):
+        return self._run("max_argmax", axis, dim, None, kwargs)
+
+    max_argmax_reduction = max_argmax
+
+    def Kmin(self, K, axis=None, dim=None, **kwargs):
+        return self._run("kmin", axis, dim, None, kwargs, K)
+
+    def argKmin(self, K, axis=None, dim=None, **kwargs):
+        return self._run("argkmin", axis, dim, None, kwargs, K)
+
+    def Kmin_argKmin(self, K, axis=None, dim=None, **kwargs):
+        return self._run("kmin_argkmin", axis, dim, None, kwargs, K)
+
+    Kmin_reduction, argKmin_reduction, Kmin_argKmin_reduction = Kmin, argKmin, Kmin_argKmin
+    kmin, argkmin, kmin_argkmin = Kmin, argKmin, Kmin_argKmin
+
+    def max_sumshiftexp(self, axis=None, dim=None, weight=None, **kwargs):
+        return self._run("max_sumshiftexp", axis, dim, None, kwargs, weight=weight)
+
+    # -- linear operator
+    def matmul(self, v, **kwargs):
+        """K @ v: the sum over j of K_ij v_j, v dense (M, E) or (*batch, M, E)."""
+        return CoreLazyTensor.matmul(self._anchored("j"), v, **options(kwargs, "matmul", self.dtype))
+
+    __matmul__ = matmul
+
+    def solve(self, other, var=None, call=True, **kwargs):
+        """(K + alpha I) a = other by conjugate gradients (KeOps's ``solve``); ``other`` dense or Vi(b)."""
+        if var is not None:
+            raise ValueError("solve(var=...) (a formula linear in var) is not supported: write K and call K.solve(Vi(b))")
+        alpha = kwargs.pop("alpha", 1e-10)
+        solve_options = {k: kwargs.pop(k) for k in ("rtol", "maxiter") if k in kwargs}
+        return CoreLazyTensor.solve(self, other, alpha, **solve_options, **options({"call": call, **kwargs}, "solve", self.dtype))
+
+
+def Vi(x, dim=None):
+    """An i-indexed variable: (N, D) or (*batch, N, D)."""
+    return _variable(x, dim, "i")
+
+
+def Vj(x, dim=None):
+    """A j-indexed variable: (M, D) or (*batch, M, D)."""
+    return _variable(x, dim, "j")
+
+
+def Pm(x, dim=None):
+    """A parameter: a number, (D,) or (*batch, D); a Python number is a constant."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and dim is None:
+        return LazyTensor(x)
+    return _variable(x, dim, "p")
+
+
+def _variable(x, dim, axis) -> LazyTensor:
+    if dim is not None or isinstance(x, int) and not isinstance(x, bool):
+        raise TypeError(f"V{axis}(index, dim) placeholders are not supported: wrap a tensor, or use Genred with alias strings")
+    if not isinstance(x, (torch.Tensor, np.ndarray)):
+        raise TypeError(f"expected a torch.Tensor or a NumPy array, got {type(x).__name__}")
+    return LazyTensor(x, axis)

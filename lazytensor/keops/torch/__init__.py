@@ -1,0 +1,7 @@
+"""``pykeops.torch`` on lazytensor: LazyTensor, Vi / Vj / Pm, Genred, generic_* and KernelSolve, KeOps's semantics."""
+from ..genred import Genred, KernelSolve, generic_argkmin, generic_argmin, generic_logsumexp, generic_sum
+from ..lazy import LazyTensor, Pm, Vi, Vj
+from . import cluster
+
+__all__ = ["LazyTensor", "Vi", "Vj", "Pm", "Genred", "KernelSolve", "generic_sum", "generic_logsumexp", "generic_argmin",
+           "generic_argkmin", "cluster"]

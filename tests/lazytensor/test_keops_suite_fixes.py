@@ -1,0 +1,165 @@
+"""The cases of KeOps's own test suite that once failed here, each against a dense torch twin.
+
+clamp with formula bounds (gradients follow the value, as torch), sinc / sinxdivx
+derivatives near 0 (a series, not the cancelling closed form), ``ranges`` with
+slices spelled (C, 1) or (C, 2), ``K.solve(Vi(b))``, ``sum_scheme=``. KeOps's 5-D
+layouts with KeOps's reduction dims are in test_keops_layer.py.
+"""
+import math
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+
+import lazytensor as lt
+from lazytensor import cluster
+
+
+# -- clamp(x, a, b) with LazyTensor bounds: torch's values and gradients, also where a > b and at ties --------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_clamp_with_formula_bounds_follows_torch(dtype):
+    n, m = 40, 30
+    x = torch.randn(n, 1, dtype=dtype, requires_grad=True)
+    lo = torch.randn(m, 1, dtype=dtype, requires_grad=True)
+    hi = torch.randn(m, 1, dtype=dtype, requires_grad=True)  # about half the pairs have lo > hi
+    with torch.no_grad():  # ties: x == lo, x == hi, lo == hi
+        lo[0], hi[1], hi[2] = x[0], x[3], lo[2]
+    lazy = lt.Vi(x).clamp(lt.Vj(lo), lt.Vj(hi)).exp().sum(1)
+    dense = torch.clamp(x[:, None, :], lo[None], hi[None]).exp().sum(1)
+    torch.testing.assert_close(lazy, dense)
+    w = torch.randn_like(dense)
+    for a, b in zip(torch.autograd.grad((lazy * w).sum(), (x, lo, hi)), torch.autograd.grad((dense * w).sum(), (x, lo, hi))):
+        torch.testing.assert_close(a, b)
+
+
+def test_clamp_with_number_bounds_as_keops_test():
+    # pykeops test_lazytensor_clamp: ((x * y).clamp(a, b)).sum(dim=2), gradients through exp(-D^2)
+    x = torch.randn(50, 1, 3, requires_grad=True)
+    y = torch.randn(1, 60, 3)
+
+    def fun(x, y):
+        return (-((x * y).clamp(-1.23, 1.54).sum(dim=2) ** 2)).exp().sum(dim=1)
+
+    dense, lazy = fun(x, y), fun(lt.LazyTensor(x), lt.LazyTensor(y))
+    torch.testing.assert_close(lazy.squeeze(), dense.squeeze())
+    grads = [torch.autograd.grad((out**2).sum(), x)[0] for out in (lazy, dense)]
+    torch.testing.assert_close(*grads, rtol=1e-4, atol=1e-4)  # float32 sums of 60 terms (KeOps allows 1e-3 / 1e-2)
+
+
+# -- sinc / sinxdivx near 0: derivatives to float accuracy, against exact ones ----------------------------
+def exact_derivative(f, v: float, order: int) -> float:
+    mpmath.mp.dps = 40
+    return float(mpmath.diff(f, mpmath.mpf(v), order))
+
+
+def sinc_mp(t):
+    return mpmath.mpf(1) if t == 0 else mpmath.sin(mpmath.pi * t) / (mpmath.pi * t)
+
+
+def sinxdivx_mp(t):
+    return mpmath.mpf(1) if t == 0 else mpmath.sin(t) / t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["sinc", "sinxdivx"])
+def test_sinc_derivatives_near_zero(name, dtype):
+    x = torch.cat([torch.tensor([0.0, 1e-8, -3e-6, 0.999, 1.001, 2.5]), (torch.rand(40) - 0.5) * 2e-2]).to(dtype)[:, None]
+    leaf = x.clone().requires_grad_()
+    out = (getattr(lt.Vi(leaf), name)() * lt.Vj(torch.ones(1, 1, dtype=dtype))).sum(1)
+    (g1,) = torch.autograd.grad(out.sum(), leaf, create_graph=True)
+    (g2,) = torch.autograd.grad(g1.sum(), leaf)
+    f = sinc_mp if name == "sinc" else sinxdivx_mp
+    points = x.double().flatten().tolist()
+    tol = 1e-6 if dtype == torch.float32 else 1e-12  # absolute: KeOps's test allows 1e-4 in float32
+    scale = math.pi**2 if name == "sinc" else 1.0
+    for got, order in ((out, 0), (g1, 1), (g2, 2)):
+        ref = torch.tensor([exact_derivative(f, v, order) for v in points], dtype=torch.float64)[:, None]
+        torch.testing.assert_close(got.double(), ref, rtol=0, atol=tol * scale, msg=lambda m, order=order: f"order {order}: {m}")
+
+
+# -- ranges: KeOps's 6-tuple with slices as (C,), (C, 1) or (C, 2) int32 tensors --------------------------------
+def _ranges_case():
+    x, y, b = (torch.randn(n, d, dtype=torch.float64) for n, d in ((30, 2), (25, 2), (25, 1)))
+    rx = torch.tensor([[0, 10], [10, 22], [22, 30]], dtype=torch.int32)
+    ry = torch.tensor([[0, 7], [7, 25]], dtype=torch.int32)
+    keep = torch.tensor([[1, 0], [1, 1], [0, 1]], dtype=torch.bool)
+    dense_mask = torch.zeros(30, 25, dtype=torch.float64)
+    for k, (a, e) in enumerate(rx.tolist()):
+        for m, (c, d) in enumerate(ry.tolist()):
+            dense_mask[a:e, c:d] = float(keep[k, m])
+    return x, y, b, cluster.from_matrix(rx, ry, keep), dense_mask
+
+
+@pytest.mark.parametrize("spelling", ["flat", "column", "pairs"])
+def test_ranges_with_int32_slices_of_any_keops_spelling(spelling):
+    x, y, b, ranges, mask = _ranges_case()
+
+    def spell(slices):
+        slices = slices.to(torch.int32)
+        if spelling == "column":
+            return slices[:, None]
+        if spelling == "pairs":
+            return torch.stack([torch.cat([slices.new_zeros(1), slices[:-1]]), slices], 1)
+        return slices
+
+    ranges = tuple(spell(r) if k in (1, 4) else r.to(torch.int32) for k, r in enumerate(ranges))
+    K = (-lt.Vi(x).sqdist(lt.Vj(y))).exp()
+    dense = torch.exp(-torch.cdist(x, y) ** 2) * mask
+    torch.testing.assert_close(K.matmul(b, ranges=ranges), dense @ b)
+    torch.testing.assert_close((K * lt.Vi(torch.ones(30, 1, dtype=torch.float64))).sum(0, ranges=ranges), dense.sum(0)[:, None])
+
+
+def test_ranges_pairs_must_be_consecutive():
+    _, _, _, ranges, _ = _ranges_case()
+    bad = list(ranges)
+    bad[1] = torch.tensor([[0, 1], [2, 3], [3, 4]])
+    x = torch.randn(30, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="slices"):
+        lt.Vi(x).sqdist(lt.Vj(torch.randn(25, 2, dtype=torch.float64))).sum(1, ranges=tuple(bad))
+
+
+# -- K.solve(Vi(b)): KeOps's spelling of the right-hand side --------------------------------------------------
+@pytest.mark.parametrize("numpy", [False, True])
+def test_solve_with_an_i_variable_right_hand_side(numpy):
+    x = torch.randn(40, 2, dtype=torch.float64)
+    b = torch.randn(40, 3, dtype=torch.float64)
+    xs, bs = (x.numpy(), b.numpy()) if numpy else (x, b)
+    K = (-lt.Vi(xs).sqdist(lt.Vj(xs))).exp()
+    a = K.solve(lt.Vi(bs), alpha=0.5)
+    ref = torch.linalg.solve(torch.exp(-torch.cdist(x, x) ** 2) + 0.5 * torch.eye(40, dtype=torch.float64), b)
+    assert isinstance(a, np.ndarray) == numpy
+    torch.testing.assert_close(torch.as_tensor(a), ref, rtol=1e-8, atol=1e-8)
+    with pytest.raises(ValueError, match="b must be"):
+        K.solve(lt.Vj(b), alpha=0.5) if not numpy else K.solve(lt.Vi(bs) * 2.0, alpha=0.5)
+
+
+# -- sum_scheme: KeOps's summation orders are accepted; kahan_scheme sums in float64 -----------------------------
+@pytest.mark.parametrize("scheme", ["auto", "direct_sum", "block_sum", "kahan_scheme"])
+def test_sum_scheme_is_accepted(scheme):
+    # pykeops test_chunks_ranges: x (B1, B2, M, 1, D), y (B1, 1, 1, N, D), b (1, B2, N, DV), K.__matmul__(b, sum_scheme=...)
+    B1, B2, M, N, D, DV = 2, 3, 20, 31, 30, 1
+    x = torch.rand(B1, B2, M, 1, D) / math.sqrt(D)
+    y = torch.rand(B1, 1, 1, N, D) / math.sqrt(D)
+    b = torch.randn(1, B2, N, DV)
+
+    def kernel(x, y):
+        return (-((x - y).square()).sum(dim=4)).exp()
+
+    out = kernel(lt.LazyTensor(x), lt.LazyTensor(y)).__matmul__(b, sum_scheme=scheme)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, kernel(x, y) @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_kahan_scheme_is_more_accurate_in_float32():
+    v = torch.full((1, 200000, 1), 1.0 + 2.0**-20)
+    exact = 200000 * (1.0 + 2.0**-20)
+    ones = lt.Vi(torch.ones(1, 1, 1))
+    plain = float((ones * lt.Vj(v)).sum(1))
+    kahan = float((ones * lt.Vj(v)).sum(1, sum_scheme="kahan_scheme"))
+    assert abs(kahan - exact) <= abs(plain - exact) and abs(kahan - exact) < 0.02
+
+
+def test_unknown_sum_scheme_is_refused():
+    with pytest.raises(ValueError, match="sum_scheme"):
+        (lt.Vi(torch.randn(3, 1)) * lt.Vj(torch.randn(4, 1))).sum(1, sum_scheme="pairwise")
