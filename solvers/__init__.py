@@ -8,7 +8,7 @@ from .base import AUTO_DIRECT_MAX_N, ConvergenceWarning, NotFittedError
 from .kernels import RBF, FormulaKernel, Kernel, Laplacian, Matern, as_kernel
 from .krylov import KrylovInfo, cg, golub_kahan_svds, lanczos_eigsh
 from .operators import Centred, Normal, Shifted
-from .preconditioners import Cholesky, Jacobi, LowRankPreconditioner, nystrom, pivoted_cholesky
+from .preconditioners import Cholesky, Falkon, Jacobi, LowRankPreconditioner, nystrom, pivoted_cholesky
 from .ridge import KernelRidge, LandmarkRidge
 from .sources import FunctionOperator, ShardedKernel, StoredKernel, StreamedKernel
 from .spectral import KernelLDA, KernelPCA, KernelSVD
@@ -18,6 +18,6 @@ __all__ = [
     "Kernel", "RBF", "Laplacian", "Matern", "FormulaKernel", "as_kernel",
     "StreamedKernel", "ShardedKernel", "StoredKernel", "FunctionOperator", "Shifted", "Centred", "Normal",
     "KrylovInfo", "cg", "lanczos_eigsh", "golub_kahan_svds",
-    "Cholesky", "Jacobi", "LowRankPreconditioner", "nystrom", "pivoted_cholesky",
+    "Cholesky", "Falkon", "Jacobi", "LowRankPreconditioner", "nystrom", "pivoted_cholesky",
     "KernelRidge", "LandmarkRidge", "KernelPCA", "KernelLDA", "KernelSVD",
 ]

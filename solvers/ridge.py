@@ -17,14 +17,15 @@ from .base import (
 from .implicit import implicit, requires_grad
 from .krylov import KrylovInfo, cg
 from .operators import Normal, Shifted
-from .preconditioners import Cholesky, Jacobi, LowRankPreconditioner, pivoted_cholesky
+from .preconditioners import Cholesky, Falkon, Jacobi, LowRankPreconditioner, pivoted_cholesky
 from .sources import ShardedKernel
 
 __all__ = ["KernelRidge", "LandmarkRidge"]
 
 PRECONDITIONERS = (None, "nystrom", "jacobi")
-NORMAL_FACTOR_MAX = 4096  # landmarks up to which the m x m normal matrix (128 MiB in float64) is factored
-NORMAL_BLOCK = 64  # identity columns per streamed pass when the landmark normal matrix is formed
+NORMAL_FACTOR_MAX = 4096  # landmarks up to which the m x m normal matrix (128 MiB in float64) may be formed
+NORMAL_BUDGET = 64 * 2**20  # bytes of the n x width block K_nm E one pass of the normal matrix holds
+NORMAL_PASSES_MAX = 16  # passes the normal matrix may cost; above, K_mm alone preconditions (Falkon)
 
 
 def _direct_info(residuals: torch.Tensor) -> KrylovInfo:
@@ -275,11 +276,21 @@ class LandmarkRidge(_Ridge):
                         return out, _direct_info((G - K_nm.gram(out) - a * (Kmm @ out)).norm(dim=0))
                     return solve
             else:
-                gram = self._normal_gram(fast_nm) if m <= NORMAL_FACTOR_MAX else None
-                Kmm = fast_mm.columns(torch.arange(m, device=X.device)) if gram is not None else None
+                n = K_nm.shape[0]
+                width = min(m, max(1, NORMAL_BUDGET // (n * X.element_size())))
+                formed = m <= NORMAL_FACTOR_MAX and 2 * -(-m // width) <= NORMAL_PASSES_MAX
+                gram = self._normal_gram(fast_nm, width) if formed else None
+                Kmm = fast_mm.columns(torch.arange(m, device=X.device))
 
-                def make_solver(a):  # the normal matrix (float32 tiles by default) preconditions exact products
-                    return self._cg(Normal(K_nm, K_mm, a), self._normal_factor(gram, Kmm, a), self._rtol(X.dtype))
+                def make_solver(a):
+                    """The formed normal matrix (float32 tiles by default) preconditions exact products: CG stops
+                    after one or two iterations. Otherwise Falkon's preconditioner from K_mm alone, with
+                    cheap-tile iterations refined against exact products (more iterations, no n m^2 set-up)."""
+                    M = self._normal_factor(gram, Kmm, a)
+                    if M is not None:
+                        return self._cg(Normal(K_nm, K_mm, a), M, self._rtol(X.dtype))
+                    return self._cg(Normal(fast_nm, fast_mm, a), Falkon(Kmm, n, a), self._rtol(X.dtype),
+                                    exact=Normal(K_nm, K_mm, a))
 
             coef, info, adjoint = self._solve(rhs, alpha, make_solver)
 
@@ -295,17 +306,18 @@ class LandmarkRidge(_Ridge):
         return self
 
     @staticmethod
-    def _normal_gram(K_nm) -> torch.Tensor:
-        """``K_nm^T K_nm`` from streamed passes over ``NORMAL_BLOCK`` identity columns at a time (no n x m matrix)."""
+    def _normal_gram(K_nm, width: int) -> torch.Tensor:
+        """``K_nm^T K_nm`` from streamed passes over ``width`` identity columns at a time (no n x m matrix:
+        ``width`` keeps the n x width block within ``NORMAL_BUDGET``, so small problems take one gram)."""
         m = K_nm.shape[1]
         eye = torch.eye(m, dtype=K_nm.dtype, device=K_nm.device)
-        return torch.cat([K_nm.gram(eye[:, s:s + NORMAL_BLOCK]) for s in range(0, m, NORMAL_BLOCK)], 1)
+        return torch.cat([K_nm.gram(eye[:, s:s + width]) for s in range(0, m, width)], 1)
 
     @staticmethod
     def _normal_factor(gram, Kmm, a) -> Cholesky | None:
         """The m x m normal matrix factored as CG's preconditioner (CG then stops after one or two
         iterations; unpreconditioned, the squared conditioning of K_nm took ~800 at n=2048, m=256).
-        Above ``NORMAL_FACTOR_MAX`` landmarks, or if roundoff defeats the factorization, CG runs without it."""
+        Not formed (``NORMAL_PASSES_MAX``), or defeated by roundoff: ``None`` (Falkon's preconditioner instead)."""
         if gram is None:
             return None
         normal = gram + a * Kmm
