@@ -112,12 +112,19 @@ class Falkon:
     """
 
     def __init__(self, Kmm: torch.Tensor, n: int, shift: float):
-        K = Kmm.double()
-        m = K.shape[0]
-        jitter = m * torch.finfo(torch.float64).eps * float(K.diagonal().abs().max())
-        eye = torch.eye(m, dtype=torch.float64, device=K.device)
-        self.T = torch.linalg.cholesky((K + K.T) / 2 + jitter * eye, upper=True)
-        self.A = torch.linalg.cholesky((n / m) * (self.T @ self.T.T) + shift * eye, upper=True)
+        m = Kmm.shape[0]
+        jitter = m * torch.finfo(Kmm.dtype).eps * float(Kmm.diagonal().abs().max())
+        self.T = None
+        while self.T is None:  # K_mm of close landmarks is singular to roundoff: grow the jitter until it factors
+            K = Kmm.double()
+            K = K.add_(K.T.clone()).mul_(0.5)
+            K.diagonal().add_(jitter)
+            self.T, info = torch.linalg.cholesky_ex(K, upper=True)
+            self.T, jitter = (self.T if int(info) == 0 else None), jitter * 100
+        del K
+        TT = (self.T @ self.T.T).mul_(n / m)  # m x m temporaries one at a time: peak memory ~3 m^2 doubles
+        TT.diagonal().add_(shift)
+        self.A = torch.linalg.cholesky(TT, upper=True)
 
     def __call__(self, R: torch.Tensor) -> torch.Tensor:
         Z = R.double()

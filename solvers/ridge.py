@@ -25,6 +25,7 @@ __all__ = ["KernelRidge", "LandmarkRidge"]
 PRECONDITIONERS = (None, "nystrom", "jacobi")
 NORMAL_FACTOR_MAX = 4096  # landmarks up to which the m x m normal matrix (128 MiB in float64) may be formed
 NORMAL_BUDGET = 64 * 2**20  # bytes of the n x width block K_nm E one pass of the normal matrix holds
+NORMAL_BLOCK_MAX = 256  # identity columns per pass at most (lazytensor's tiles grow with the columns)
 NORMAL_PASSES_MAX = 16  # passes the normal matrix may cost; above, K_mm alone preconditions (Falkon)
 
 
@@ -43,7 +44,8 @@ def _merge(infos: list[KrylovInfo], columns: list[torch.Tensor], width: int) -> 
         residuals[cols], done[cols] = info.residuals, info.column_converged
     failed = [i.reason for i in infos if not i.converged]
     return replace(infos[0], iterations=sum(i.iterations for i in infos), matvecs=sum(i.matvecs for i in infos),
-                   residuals=residuals, converged=not failed, column_converged=done,
+                   product_seconds=sum(i.product_seconds for i in infos), residuals=residuals, converged=not failed,
+                   column_converged=done,
                    reason=failed[0] if failed else infos[0].reason)
 
 
@@ -81,10 +83,11 @@ class _Ridge(RegressorMixin, Estimator):
 
         return self._fit_rows(X, targets, *tensors)
 
-    def _solve(self, Y: torch.Tensor, alpha: torch.Tensor, make_solver):
+    def _solve(self, Y: torch.Tensor, alpha: torch.Tensor, make_solver, pairs: int):
         """Solve every group of targets sharing an alpha; returns the solution, the info and the adjoint solve.
 
-        ``make_solver(a)`` returns ``solve(R) -> (X, info)`` for shift ``a``.
+        ``make_solver(a)`` returns ``solve(R) -> (X, info)`` for shift ``a``; ``pairs``: kernel entries
+        one product evaluates (the info's ``pairs_per_second``).
         """
         groups = [(cols, make_solver(a)) for a, cols in _groups(alpha)]
         coef, infos = torch.empty_like(Y), []
@@ -101,7 +104,10 @@ class _Ridge(RegressorMixin, Estimator):
             self._report(self.adjoint_info_, "the adjoint solve of the backward pass")
             return lam
 
-        return coef, _merge(infos, [c for c, _ in groups], Y.shape[1]), adjoint
+        info = _merge(infos, [c for c, _ in groups], Y.shape[1])
+        if info.product_seconds > 0:
+            info.pairs_per_second = info.matvecs * pairs / info.product_seconds
+        return coef, info, adjoint
 
     def _cg(self, operator, preconditioner, rtol, exact=None):
         return lambda R: cg(operator, R, M=preconditioner, rtol=rtol, atol=self.atol, maxiter=self.maxiter, exact=exact)
@@ -187,7 +193,7 @@ class KernelRidge(_Ridge):
                 return self._cg(Shifted(fast, a), M, self._rtol(X.dtype), exact=Shifted(K, a))
 
         with torch.no_grad():
-            coef, info, adjoint = self._solve(Y.detach(), alpha, make_solver)
+            coef, info, adjoint = self._solve(Y.detach(), alpha, make_solver, n * n)
 
         def residual(c):  # y - (K + alpha I) c, differentiable in X, y, alpha and the kernel's tensors
             return Y - self._streamed(X) @ c - alpha * c
@@ -277,7 +283,7 @@ class LandmarkRidge(_Ridge):
                     return solve
             else:
                 n = K_nm.shape[0]
-                width = min(m, max(1, NORMAL_BUDGET // (n * X.element_size())))
+                width = min(m, NORMAL_BLOCK_MAX, max(1, NORMAL_BUDGET // (n * X.element_size())))
                 formed = m <= NORMAL_FACTOR_MAX and 2 * -(-m // width) <= NORMAL_PASSES_MAX
                 gram = self._normal_gram(fast_nm, width) if formed else None
                 Kmm = fast_mm.columns(torch.arange(m, device=X.device))
@@ -290,9 +296,9 @@ class LandmarkRidge(_Ridge):
                     if M is not None:
                         return self._cg(Normal(K_nm, K_mm, a), M, self._rtol(X.dtype))
                     return self._cg(Normal(fast_nm, fast_mm, a), Falkon(Kmm, n, a), self._rtol(X.dtype),
-                                    exact=Normal(K_nm, K_mm, a))
+                                    exact=Normal(K_nm, K_mm, a))  # Kmm: entries to the tile dtype, jitter to X's
 
-            coef, info, adjoint = self._solve(rhs, alpha, make_solver)
+            coef, info, adjoint = self._solve(rhs, alpha, make_solver, K_nm.shape[0] * 2 * m + m * m)
 
         def residual(c):  # K_nm^T (y - K_nm c) - alpha K_mm c, differentiable
             K_nm, K_mm = self._streamed(X, L), self._streamed(L)

@@ -44,6 +44,7 @@ def test_ridge_matches_scikit_learn(source, preconditioner):
     torch.testing.assert_close(est.predict(Xq), torch.from_numpy(ref), rtol=1e-8, atol=1e-9)
     assert est.info_.converged and est.source_ == source
     assert est.predict(Xq[0:1]).shape == (1, 2)
+    assert (est.info_.pairs_per_second > 0) == (source != "direct")  # kernel entries per second of the CG products
 
 
 def test_ridge_float32_and_vector_targets():
@@ -86,6 +87,7 @@ def test_landmark_without_the_normal_matrix_uses_falkon(monkeypatch, dtype, tol)
     est = LandmarkRidge(RBF(0.5), 2.0, landmarks=L.to(dtype), source="streamed",
                         rtol=1e-12 if dtype == torch.float64 else 1e-5).fit(X.to(dtype), Y.to(dtype))
     assert est.info_.converged and est.info_.iterations > 3  # the CG ran on the preconditioned normal equations
+    assert est.info_.pairs_per_second > 0 and est.info_.product_seconds > 0
     prediction = reference(RBF(0.5), Xq, L) @ coef
     assert float((est.predict(Xq.to(dtype)).double() - prediction).norm() / prediction.norm()) < tol
 
