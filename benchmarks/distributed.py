@@ -1,12 +1,15 @@
 """Scale-out benchmark: one process against two (gloo, one thread each) on the same problems.
 
-    python benchmarks/distributed.py [--n 16384] [--repeats 3] [--ridge-n 16384] [--polytope-samples 4096]
+    python benchmarks/distributed.py [--n 16384] [--repeats 3] [--ridge-n 16384] [--fits ridge,landmark,pca]
+                                     [--polytope-samples 4096]
 
 Cases, each checked against the single-process result before it is timed:
 - ``rbf``: ``(-0.5 |x_i - y_j|^2).exp() @ b`` (D = 3, C = 16, float32) with y and b
   sharded over j, x replicated: every rank gets the full (N, C) result;
-- ``ridge``: ``KernelRidge(RBF(0.5), 1.0, source="sharded")`` fitted on row shards of an
-  n x 8 float64 problem (one process: ``source="streamed"``); every rank's dual coefficients;
+- ``ridge``, ``landmark``, ``pca``: ``KernelRidge(RBF(0.5), 1.0)``, ``LandmarkRidge(RBF(0.5), 1.0,
+  n_landmarks=512)`` and ``KernelPCA(RBF(0.5), 4)`` with ``source="sharded"`` fitted on row shards
+  of an n x 8 float64 problem (one process: ``source="streamed"``); every rank's coefficients or
+  eigenvectors (``--fits`` picks them);
 - ``polytope``: two ``polytope.train`` steps (default options) of a 16-64-64-1 float64 MLP on
   that many samples, where scoring the candidates dominates; ``group=`` splits them over the ranks.
 
@@ -39,9 +42,13 @@ def ridge_inputs(n):
     return X, torch.sin(X.sum(1, keepdim=True)) + 0.1 * torch.randn(n, 1, generator=gen, dtype=torch.float64)
 
 
-def ridge(X, Y, source):
-    from solvers import RBF, KernelRidge
-    return KernelRidge(RBF(0.5), alpha=1.0, source=source).fit(X, Y).dual_coef_
+def fit(name, X, Y, source):
+    from solvers import RBF, KernelPCA, KernelRidge, LandmarkRidge
+    if name == "ridge":
+        return KernelRidge(RBF(0.5), alpha=1.0, source=source).fit(X, Y).dual_coef_
+    if name == "landmark":
+        return LandmarkRidge(RBF(0.5), alpha=1.0, n_landmarks=512, source=source).fit(X, Y).coef_
+    return KernelPCA(RBF(0.5), n_components=4, source=source).fit(X).eigenvectors_
 
 
 def polytope_steps(samples, group):
@@ -83,7 +90,8 @@ def cases(args, rank, world):
     if args.ridge_n:
         X, Y = ridge_inputs(args.ridge_n)
         source = "sharded" if world > 1 else "streamed"
-        yield "ridge", lambda: ridge(shard(X, rank, world), shard(Y, rank, world), source)
+        for name in args.fits.split(","):
+            yield name, lambda name=name: fit(name, shard(X, rank, world), shard(Y, rank, world), source)
     if args.polytope_samples:
         group = dist.group.WORLD if world > 1 else None
         yield "polytope", lambda: polytope_steps(args.polytope_samples, group)
@@ -128,7 +136,8 @@ def run(world, args):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=16384)
-    p.add_argument("--ridge-n", type=int, default=0, help="also fit a sharded ridge of this size (0: skip)")
+    p.add_argument("--ridge-n", type=int, default=0, help="also run the sharded fits at this size (0: skip)")
+    p.add_argument("--fits", default="ridge", help="comma-separated fits: ridge, landmark, pca")
     p.add_argument("--polytope-samples", type=int, default=0, help="also time polytope.train steps on this many samples")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()

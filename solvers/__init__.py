@@ -7,7 +7,8 @@ every kernel product runs through the lazytensor engine.
 from .base import AUTO_DIRECT_MAX_N, ConvergenceWarning, NotFittedError
 from .kernels import RBF, FormulaKernel, Kernel, Laplacian, Matern, as_kernel
 from .krylov import KrylovInfo, cg, golub_kahan_svds, lanczos_eigsh
-from .preconditioners import Cholesky, Jacobi, LowRankPreconditioner, nystrom, pivoted_cholesky
+from .operators import Centred, Normal, Shifted
+from .preconditioners import Cholesky, Falkon, Jacobi, LowRankPreconditioner, nystrom, pivoted_cholesky
 from .ridge import KernelRidge, LandmarkRidge
 from .sources import FunctionOperator, ShardedKernel, StoredKernel, StreamedKernel
 from .spectral import KernelLDA, KernelPCA, KernelSVD
@@ -15,8 +16,8 @@ from .spectral import KernelLDA, KernelPCA, KernelSVD
 __all__ = [
     "AUTO_DIRECT_MAX_N", "ConvergenceWarning", "NotFittedError",
     "Kernel", "RBF", "Laplacian", "Matern", "FormulaKernel", "as_kernel",
-    "StreamedKernel", "ShardedKernel", "StoredKernel", "FunctionOperator",
+    "StreamedKernel", "ShardedKernel", "StoredKernel", "FunctionOperator", "Shifted", "Centred", "Normal",
     "KrylovInfo", "cg", "lanczos_eigsh", "golub_kahan_svds",
-    "Cholesky", "Jacobi", "LowRankPreconditioner", "nystrom", "pivoted_cholesky",
+    "Cholesky", "Falkon", "Jacobi", "LowRankPreconditioner", "nystrom", "pivoted_cholesky",
     "KernelRidge", "LandmarkRidge", "KernelPCA", "KernelLDA", "KernelSVD",
 ]

@@ -15,6 +15,9 @@ import warnings
 import numpy as np
 import torch
 
+from lazytensor import distributed
+
+from .implicit import requires_grad
 from .kernels import as_kernel
 from .sources import ShardedKernel, StoredKernel, StreamedKernel
 
@@ -225,13 +228,9 @@ def agree_on_ranks(sharding, check):
 class Estimator(_Base):
     """Hyper-parameters live in ``__init__`` arguments; learned state in ``attr_`` names."""
 
-    _shardable = False  # whether source="sharded" is implemented (ridge fits)
-
     def _check_common(self) -> None:
         if self.source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {self.source!r}")
-        if self.source == "sharded" and not self._shardable:
-            raise ValueError(f"source='sharded' is available for KernelRidge and LandmarkRidge, not {type(self).__name__}")
         for name in ("rtol", "atol"):
             value = getattr(self, name, None)
             if value is not None and not (isinstance(value, numbers.Real) and value >= 0):
@@ -287,7 +286,8 @@ class Estimator(_Base):
         """The kernel matrix K(X, Y) (no gradient) as a streamed source (tiles in ``tile_dtype``,
         sums in the data's dtype), a sharded one (``X`` is this rank's rows) or a stored one (always exact)."""
         if kind == "sharded":
-            return ShardedKernel(self._kernel, X, Y, chunk_size=self.chunk_size, tile_dtype=tile_dtype)
+            return ShardedKernel(self._kernel, X, Y, sharding=self._sharding, chunk_size=self.chunk_size,
+                                 tile_dtype=tile_dtype)
         K = self._streamed(X.detach(), None if Y is None else Y.detach(), tile_dtype if kind == "streamed" else None)
         if kind == "streamed":
             return K
@@ -299,6 +299,58 @@ class Estimator(_Base):
         X, self._numpy = check_points(X, "X")
         self.n_features_in_ = X.shape[1]
         return X
+
+    def _fit_rows(self, X, derive=lambda X: (), *tensors) -> tuple:
+        """``(X, *derive(X))``: checked training points and what ``derive`` checks against them (targets, labels).
+
+        With ``source="sharded"`` these are this rank's rows (possibly none);
+        every rank checks its own, they agree on features, the widths of the
+        derived 2-D tensors and the dtype, and a rejected input raises on every
+        rank. Sharded fits have no gradients: inputs (or ``tensors``, or tensors
+        the kernel closes over) that require grad are rejected.
+        """
+        if self.source != "sharded":
+            X = self._fit_points(X)
+            return (X, *derive(X))
+        self._sharding = distributed.active() or distributed.Sharding()
+
+        def check():
+            X_, self._numpy = check_points(X, "X", allow_empty=True)
+            derived = derive(X_)
+            if requires_grad(X_, *derived, *tensors, self._streamed(X_[:1]).K):
+                raise ValueError("source='sharded' fits are not differentiable: pass tensors that do not require grad")
+            return (X_, *derived)
+
+        rows = agree_on_ranks(self._sharding, check)
+        X = rows[0]
+        widths = [t.shape[1] for t in rows[1:] if isinstance(t, torch.Tensor) and t.ndim == 2]
+        layouts = self._sharding.gather(torch.tensor([X.shape[0], X.shape[1], *widths, torch.finfo(X.dtype).bits]))
+        if any(not torch.equal(layout[1:], layouts[0][1:]) for layout in layouts):
+            raise ValueError("sharded fit: every rank needs the same number of features and targets and the same dtype; "
+                             f"got (features, [targets,] float bits) {[tuple(t[1:].tolist()) for t in layouts]} by rank")
+        if sum(int(layout[0]) for layout in layouts) == 0:
+            raise ValueError("sharded fit: no rank holds a training point")
+        self.n_features_in_ = X.shape[1]
+        return rows
+
+    def _agreed(self, check):
+        """``check()``; in a sharded fit on every rank at once (one rank's error raises on all: no rank waits)."""
+        return agree_on_ranks(self._sharding, check) if self.source == "sharded" else check()
+
+    def _times(self, X, centres: torch.Tensor, coef: torch.Tensor, rows: slice | None = None):
+        """``(K(X, centres) @ coef, numpy_out)`` for query points ``X`` (checked against the fit).
+
+        ``rows``: the fit was sharded and ``centres`` / ``coef`` are whole; each
+        rank multiplies its own rows of them and one all-reduce adds the shares,
+        so every rank gets the full result.
+        """
+        if rows is None:
+            X, numpy_out = self._query_points(X, centres)
+            return self._streamed(X, centres) @ coef, numpy_out
+        X, numpy_out = agree_on_ranks(self._sharding, lambda: self._query_points(X, centres))
+        with torch.no_grad(), distributed.local():
+            mine = self._streamed(X, centres[rows]) @ coef[rows]
+        return self._sharding.all_reduce(mine), numpy_out
 
     def _query_points(self, X, fitted: torch.Tensor) -> tuple[torch.Tensor, bool]:
         return check_points(X, "X", estimator=self, n_features=self.n_features_in_, dtype=fitted.dtype)

@@ -2,9 +2,13 @@
 
 A kernel is a formula factory: called with an i-indexed ``LazyTensor`` ``x``
 and a j-indexed ``y`` it returns the formula ``k(x_i, y_j)`` (a LazyTensor of
-feature size 1). Every product, diagonal, column and gradient the sources need
-is a lazytensor reduction of that formula, so the kernels below are a few
-lines each and any user formula is a kernel too:
+feature size 1); called with torch tensors ``X`` (n, d) and ``Y`` (m, d,
+default ``X``) it returns the dense n x m matrix, as scikit-learn's pairwise
+kernels do (:func:`matrix`: identity products of the same formula, so the
+dense matrix is the streamed products' twin, differentiable). Every product,
+diagonal, column and gradient the sources need is a lazytensor reduction of
+that formula, so the kernels below are a few lines each and any user formula
+is a kernel too:
 
     KernelRidge(lambda x, y: (1 + x.sqdist(y)).rsqrt(), alpha=0.1)
     KernelRidge("exp(-0.5 * sqdist(x, y))", alpha=0.1)
@@ -23,7 +27,12 @@ import torch
 
 import lazytensor as lt
 
-__all__ = ["Kernel", "RBF", "Laplacian", "Matern", "FormulaKernel", "as_kernel", "formula"]
+__all__ = ["Kernel", "RBF", "Laplacian", "Matern", "FormulaKernel", "as_kernel", "formula", "matrix"]
+
+# Dense blocks of a kernel (tensor calls, columns, stored and direct matrices) are
+# identity products over this many columns at a time, batched: exact, and it costs
+# n * m * COLUMN_BLOCK multiply-adds next to the n * m kernel entries.
+COLUMN_BLOCK = 32
 
 
 def _check_gamma(value):
@@ -53,10 +62,23 @@ def _scalar(value, like: lt.LazyTensor):
 
 
 class Kernel:
-    """A formula factory: ``kernel(x, y) -> LazyTensor`` for an i-variable ``x`` and a j-variable ``y``."""
+    """A formula factory: ``kernel(x, y) -> LazyTensor`` for an i-variable ``x`` and a j-variable ``y``;
+    ``kernel(X, Y=None) -> (n, m) tensor`` for torch tensors (scikit-learn's pairwise convention).
 
-    def __call__(self, x: lt.LazyTensor, y: lt.LazyTensor) -> lt.LazyTensor:
+    Subclasses implement :meth:`expression` (the formula); the call dispatches on the argument types.
+    """
+
+    def expression(self, x: lt.LazyTensor, y: lt.LazyTensor) -> lt.LazyTensor:
         raise NotImplementedError
+
+    def __call__(self, x, y=None):
+        if isinstance(x, lt.LazyTensor) and isinstance(y, lt.LazyTensor):
+            return self.expression(x, y)
+        if isinstance(x, torch.Tensor) and (y is None or isinstance(y, torch.Tensor)):
+            return matrix(self, x, y)
+        raise TypeError(f"{self!r} takes two LazyTensors x_i, y_j (returns the formula k(x_i, y_j)) or torch tensors "
+                        f"X (n, d) and Y (m, d), Y defaulting to X (returns the n x m kernel matrix); got "
+                        f"{type(x).__name__} and {type(y).__name__}")
 
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
@@ -73,7 +95,7 @@ class _Radial(Kernel):
     def profile(self, d2: lt.LazyTensor, gamma) -> lt.LazyTensor:
         raise NotImplementedError
 
-    def __call__(self, x, y):
+    def expression(self, x, y):
         return self.profile(x.sqdist(y), _scalar(self.gamma, x))
 
 
@@ -123,7 +145,7 @@ class FormulaKernel(Kernel):
                             f"got {type(fn).__name__}")
         self.fn = fn
 
-    def __call__(self, x, y):
+    def expression(self, x, y):
         if isinstance(self.fn, str):
             return lt.formula(self.fn, x=x, y=y)
         return self.fn(x, y)
@@ -154,3 +176,45 @@ def formula(kernel: Kernel, x: lt.LazyTensor, y: lt.LazyTensor, dtype: torch.dty
             raise TypeError(f"kernel {kernel!r} uses a {v.tensor.dtype} tensor but the kernel is evaluated in {dtype}; "
                             f"give the tensors it closes over the data's dtype")
     return out
+
+
+def check_tensor(t, name: str) -> torch.Tensor:
+    """``t`` if it is a floating (n, d) torch tensor, else an error naming ``name``."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.ndim != 2 or not t.is_floating_point():
+        raise ValueError(f"{name} must be a floating (n, d) tensor, got shape {tuple(t.shape)} and dtype {t.dtype}")
+    return t
+
+
+def check_pair(X, Y=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(X, Y)`` (``Y`` defaulting to ``X``): floating (n, d) and (m, d) tensors of one dtype and device."""
+    X = check_tensor(X, "X")
+    Y = X if Y is None else check_tensor(Y, "Y")
+    if Y.shape[1] != X.shape[1] or Y.dtype != X.dtype or Y.device != X.device:
+        raise ValueError(f"Y must match X in features, dtype and device: X {tuple(X.shape)} {X.dtype}, "
+                         f"Y {tuple(Y.shape)} {Y.dtype}")
+    return X, Y
+
+
+def matrix(kernel: Kernel, X: torch.Tensor, Y: torch.Tensor | None = None, *, tile_dtype: torch.dtype | None = None,
+           chunk_size=None, dtype_acc: torch.dtype | None = None) -> torch.Tensor:
+    """The dense block ``K(X, Y)`` (differentiable), as lazytensor identity products over column blocks.
+
+    Columns are grouped ``COLUMN_BLOCK`` at a time into a batch, so one
+    lazytensor sum returns every block: ``sum_j K[i, j] E[j, c]`` with ``E``
+    the identity is exact. The formula is evaluated in ``tile_dtype`` (default
+    ``X``'s) and summed in ``dtype_acc``.
+    """
+    X, Y = check_pair(X, Y)
+    tile_dtype = tile_dtype or X.dtype
+    (n, d), m = X.shape, Y.shape[0]
+    if n == 0 or m == 0:
+        return X.new_zeros(n, m, dtype=dtype_acc or tile_dtype)
+    width = min(m, COLUMN_BLOCK)
+    batches = math.ceil(m / width)
+    padded = torch.cat([Y, Y[:1].expand(batches * width - m, d)]) if batches * width > m else Y
+    eye = torch.eye(width, dtype=tile_dtype, device=X.device)
+    K = formula(kernel, lt.Vi(X.to(tile_dtype)), lt.Vj(padded.reshape(batches, width, d).to(tile_dtype)), tile_dtype)
+    out = (K * lt.Vj(eye)).sum(1, chunk_size=chunk_size, dtype_acc=dtype_acc)  # (batches, n, width)
+    return out.permute(1, 0, 2).reshape(n, batches * width)[:, :m]

@@ -13,6 +13,7 @@ many right-hand sides or block vectors there are.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -24,10 +25,16 @@ __all__ = ["KrylovInfo", "cg", "lanczos_eigsh", "golub_kahan_svds"]
 
 @dataclass
 class KrylovInfo:
-    """Diagnostics: ``matvecs`` counts operator applications (passes), each over all active columns."""
+    """Diagnostics: ``matvecs`` counts operator applications (passes), each over all active columns.
+
+    ``product_seconds``: wall time spent in those products (CG); estimators that know how
+    many kernel entries a pass evaluates set ``pairs_per_second`` from it (NaN otherwise).
+    """
 
     iterations: int = 0
     matvecs: int = 0
+    product_seconds: float = 0.0
+    pairs_per_second: float = float("nan")
     residuals: torch.Tensor = field(default_factory=lambda: torch.empty(0))
     converged: bool = False
     reason: str = ""
@@ -93,6 +100,12 @@ def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: floa
     if M is not None and not callable(M):
         raise TypeError(f"M must be a callable R -> approximately A^-1 R, got {type(M).__name__}")
 
+    def product(op, V):
+        start = time.perf_counter()
+        out = _finite(op.matmul_nograd(V), "A")
+        info.product_seconds += time.perf_counter() - start
+        return out
+
     def precondition(R):
         if M is None:
             return R
@@ -103,14 +116,14 @@ def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: floa
         return Z.to(R.dtype)
     eps = torch.finfo(A.dtype).eps
     guard = max(n, 10) * eps  # cosines below this are roundoff: the direction carries no curvature
-
     info = KrylovInfo()
+
     if x0 is not None and (not isinstance(x0, torch.Tensor) or x0.shape != (B.squeeze(1).shape if vector else B.shape)):
         got = tuple(x0.shape) if isinstance(x0, torch.Tensor) else type(x0).__name__
         raise ValueError(f"x0 must be a tensor shaped like B {tuple(B.squeeze(1).shape if vector else B.shape)}, got {got}")
     X = torch.zeros_like(B) if x0 is None else (x0.unsqueeze(1) if vector else x0).detach().to(A.dtype).clone()
     target = torch.clamp(rtol * B.norm(dim=0), min=atol)
-    R = B - exact.matmul_nograd(X) if x0 is not None else B.clone()
+    R = B - product(exact, X) if x0 is not None else B.clone()
     info.matvecs += x0 is not None
     true_norm = R.norm(dim=0)
     stopped = torch.zeros(B.shape[1], dtype=torch.bool, device=B.device)  # converged or broken down
@@ -128,7 +141,7 @@ def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: floa
         live = torch.arange(active.numel(), device=B.device)
         while live.numel() and info.iterations < maxiter:
             cols = active[live]
-            AP = _finite(A.matmul_nograd(P[:, live]), "A")
+            AP = product(A, P[:, live])
             info.matvecs += 1
             info.iterations += 1
             Pl = P[:, live]
@@ -156,7 +169,7 @@ def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: floa
             live = live[~dead]
         # Recompute the true residual of the columns that were just iterated.
         previous = true_norm[active].clone()
-        R[:, active] = B[:, active] - exact.matmul_nograd(X[:, active])
+        R[:, active] = B[:, active] - product(exact, X[:, active])
         info.matvecs += 1
         true_norm[active] = R[:, active].norm(dim=0)
         stalled = (true_norm[active] > target[active]) & (true_norm[active] >= 0.5 * previous)

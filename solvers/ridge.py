@@ -5,12 +5,9 @@ from dataclasses import replace
 
 import torch
 
-from lazytensor import distributed
-
 from .base import (
     Estimator,
     RegressorMixin,
-    agree_on_ranks,
     as_output,
     check_count,
     check_points,
@@ -19,14 +16,17 @@ from .base import (
 )
 from .implicit import implicit, requires_grad
 from .krylov import KrylovInfo, cg
-from .preconditioners import Cholesky, Jacobi, LowRankPreconditioner, pivoted_cholesky
-from .sources import FunctionOperator
+from .operators import Normal, Shifted
+from .preconditioners import Cholesky, Falkon, Jacobi, LowRankPreconditioner, pivoted_cholesky
+from .sources import ShardedKernel
 
 __all__ = ["KernelRidge", "LandmarkRidge"]
 
 PRECONDITIONERS = (None, "nystrom", "jacobi")
-NORMAL_FACTOR_MAX = 4096  # landmarks up to which the m x m normal matrix (128 MiB in float64) is factored
-NORMAL_BLOCK = 64  # identity columns per streamed pass when the landmark normal matrix is formed
+NORMAL_FACTOR_MAX = 4096  # landmarks up to which the m x m normal matrix (128 MiB in float64) may be formed
+NORMAL_BUDGET = 64 * 2**20  # bytes of the n x width block K_nm E one pass of the normal matrix holds
+NORMAL_BLOCK_MAX = 256  # identity columns per pass at most (lazytensor's tiles grow with the columns)
+NORMAL_PASSES_MAX = 16  # passes the normal matrix may cost; above, K_mm alone preconditions (Falkon)
 
 
 def _direct_info(residuals: torch.Tensor) -> KrylovInfo:
@@ -44,7 +44,8 @@ def _merge(infos: list[KrylovInfo], columns: list[torch.Tensor], width: int) -> 
         residuals[cols], done[cols] = info.residuals, info.column_converged
     failed = [i.reason for i in infos if not i.converged]
     return replace(infos[0], iterations=sum(i.iterations for i in infos), matvecs=sum(i.matvecs for i in infos),
-                   residuals=residuals, converged=not failed, column_converged=done,
+                   product_seconds=sum(i.product_seconds for i in infos), residuals=residuals, converged=not failed,
+                   column_converged=done,
                    reason=failed[0] if failed else infos[0].reason)
 
 
@@ -73,48 +74,20 @@ def _groups(alpha: torch.Tensor) -> list[tuple[float, torch.Tensor]]:
 class _Ridge(RegressorMixin, Estimator):
     """Fit bookkeeping shared by both ridge estimators: targets, grouped solves, prediction, score."""
 
-    _shardable = True
-
-    def _targets(self, X, y):
-        Y = check_targets(y, X.shape[0], X.dtype, self)
-        self._vector_targets = Y.ndim == 1
-        return Y.unsqueeze(1) if Y.ndim == 1 else Y
-
     def _fit_data(self, X, y, *tensors):
-        """Checked training points and (n, targets) targets.
+        """Checked training points and (n, targets) targets (this rank's rows in a sharded fit)."""
+        def targets(X):
+            Y = check_targets(y, X.shape[0], X.dtype, self)
+            self._vector_targets = Y.ndim == 1
+            return (Y.unsqueeze(1) if Y.ndim == 1 else Y,)
 
-        With ``source="sharded"`` these are this rank's rows (possibly none);
-        every rank checks its own, they agree on features, targets and dtype,
-        and a rejected input raises on every rank. Sharded fits have no
-        gradients: inputs (or ``tensors``, or tensors the kernel closes over)
-        that require grad are rejected.
-        """
-        if self.source != "sharded":
-            X = self._fit_points(X)
-            return X, self._targets(X, y)
-        self._sharding = distributed.active() or distributed.Sharding()
+        return self._fit_rows(X, targets, *tensors)
 
-        def check():
-            X_, self._numpy = check_points(X, "X", allow_empty=True)
-            Y_ = self._targets(X_, y)
-            if requires_grad(X_, Y_, *tensors, self._streamed(X_[:1]).K):
-                raise ValueError("source='sharded' fits are not differentiable: pass tensors that do not require grad")
-            return X_, Y_
-
-        X, Y = agree_on_ranks(self._sharding, check)
-        layouts = self._sharding.gather(torch.tensor([X.shape[0], X.shape[1], Y.shape[1], torch.finfo(X.dtype).bits]))
-        if any(not torch.equal(layout[1:], layouts[0][1:]) for layout in layouts):
-            raise ValueError("sharded fit: every rank needs the same number of features and targets and the same dtype; "
-                             f"got (features, targets, float bits) {[tuple(t[1:].tolist()) for t in layouts]} by rank")
-        if sum(int(layout[0]) for layout in layouts) == 0:
-            raise ValueError("sharded fit: no rank holds a training point")
-        self.n_features_in_ = X.shape[1]
-        return X, Y
-
-    def _solve(self, Y: torch.Tensor, alpha: torch.Tensor, make_solver):
+    def _solve(self, Y: torch.Tensor, alpha: torch.Tensor, make_solver, pairs: int):
         """Solve every group of targets sharing an alpha; returns the solution, the info and the adjoint solve.
 
-        ``make_solver(a)`` returns ``solve(R) -> (X, info)`` for shift ``a``.
+        ``make_solver(a)`` returns ``solve(R) -> (X, info)`` for shift ``a``; ``pairs``: kernel entries
+        one product evaluates (the info's ``pairs_per_second``).
         """
         groups = [(cols, make_solver(a)) for a, cols in _groups(alpha)]
         coef, infos = torch.empty_like(Y), []
@@ -131,21 +104,16 @@ class _Ridge(RegressorMixin, Estimator):
             self._report(self.adjoint_info_, "the adjoint solve of the backward pass")
             return lam
 
-        return coef, _merge(infos, [c for c, _ in groups], Y.shape[1]), adjoint
+        info = _merge(infos, [c for c, _ in groups], Y.shape[1])
+        if info.product_seconds > 0:
+            info.pairs_per_second = info.matvecs * pairs / info.product_seconds
+        return coef, info, adjoint
 
     def _cg(self, operator, preconditioner, rtol, exact=None):
         return lambda R: cg(operator, R, M=preconditioner, rtol=rtol, atol=self.atol, maxiter=self.maxiter, exact=exact)
 
-    def _predict_with(self, X, centres: torch.Tensor, coef: torch.Tensor, sharding=None):
-        """``K(X, centres) coef``; with ``sharding`` the centres are this rank's share and the ranks' sums are added."""
-        if sharding is None:
-            X, numpy_out = self._query_points(X, centres)
-            out = self._streamed(X, centres) @ coef
-        else:
-            X, numpy_out = agree_on_ranks(sharding, lambda: self._query_points(X, centres))
-            with torch.no_grad(), distributed.local():
-                mine = self._streamed(X, centres) @ coef
-            out = sharding.all_reduce(mine)
+    def _predict_with(self, X, centres: torch.Tensor, coef: torch.Tensor, rows: slice | None = None):
+        out, numpy_out = self._times(X, centres, coef, rows)
         return as_output(out.squeeze(1) if self._vector_targets else out, numpy_out)
 
     def score(self, X, y) -> float:
@@ -221,21 +189,17 @@ class KernelRidge(_Ridge):
             diag = K.diag() if self.preconditioner == "jacobi" else None
 
             def make_solver(a):
-                def shifted(source):
-                    return FunctionOperator(K.shape, K.dtype, K.device, lambda V: source.matmul_nograd(V) + a * V)
-
                 M = low_rank.with_shift(a) if low_rank is not None else Jacobi(diag, a) if diag is not None else None
-                return self._cg(shifted(fast), M, self._rtol(X.dtype), exact=shifted(K))
+                return self._cg(Shifted(fast, a), M, self._rtol(X.dtype), exact=Shifted(K, a))
 
         with torch.no_grad():
-            coef, info, adjoint = self._solve(Y.detach(), alpha, make_solver)
+            coef, info, adjoint = self._solve(Y.detach(), alpha, make_solver, n * n)
 
         def residual(c):  # y - (K + alpha I) c, differentiable in X, y, alpha and the kernel's tensors
             return Y - self._streamed(X) @ c - alpha * c
 
-        if self.source_ == "sharded":
-            self._shard_rows = K.rows  # predictions: this rank's share of the training points
-        else:
+        self._rows = K.rows if self.source_ == "sharded" else None  # predictions: this rank's share of the points
+        if self.source_ != "sharded":
             coef = implicit(coef, residual, adjoint, requires_grad(X, Y, alpha, self._streamed(X).K))
         self._publish(X_fit=X, dual_coef=coef.squeeze(1) if self._vector_targets else coef)
         self.info_ = info
@@ -245,10 +209,7 @@ class KernelRidge(_Ridge):
     def predict(self, X):
         self._check_fitted("dual_coef")
         coef = self._dual_coef.unsqueeze(1) if self._vector_targets else self._dual_coef
-        if self.source_ == "sharded":  # every rank scores the query against its share; one all-reduce
-            rows = self._shard_rows
-            return self._predict_with(X, self._X_fit[rows], coef[rows], self._sharding)
-        return self._predict_with(X, self._X_fit, coef)
+        return self._predict_with(X, self._X_fit, coef, self._rows)
 
 
 class LandmarkRidge(_Ridge):
@@ -270,28 +231,40 @@ class LandmarkRidge(_Ridge):
         self.chunk_size, self.tile_dtype, self.random_state = chunk_size, tile_dtype, random_state
 
     def _choose_landmarks(self, X):
-        n = X.shape[0]
+        """Given landmarks, or ``n_landmarks`` distinct training points; in a sharded fit the indices are
+        drawn over every rank's rows (the same draw as one process) and each rank contributes its picks."""
         if self.landmarks is not None:
             if self.n_landmarks is not None:
                 raise ValueError("give either landmarks or n_landmarks, not both")
-            return check_points(self.landmarks, "landmarks", estimator=self, n_features=X.shape[1], dtype=X.dtype)[0]
-        m = check_count(self.n_landmarks if self.n_landmarks is not None else min(n, 256), "n_landmarks", n,
-                        "at most the number of training points")
+            return self._agreed(lambda: check_points(self.landmarks, "landmarks", estimator=self,
+                                                     n_features=X.shape[1], dtype=X.dtype)[0])
+        sizes = self._sharding.sizes(X.shape[0], X.device) if self.source == "sharded" else [X.shape[0]]
+        n = sum(sizes)
+        m = self._agreed(lambda: check_count(self.n_landmarks if self.n_landmarks is not None else min(n, 256),
+                                             "n_landmarks", n, "at most the number of training points"))
         gen = torch.Generator().manual_seed(int(self.random_state))
         idx = torch.randperm(n, generator=gen)[:m].sort().values.to(X.device)
-        return X[idx]
+        if self.source != "sharded":
+            return X[idx]
+        start = sum(sizes[:self._sharding.rank])
+        mine = idx[(idx >= start) & (idx < start + X.shape[0])] - start
+        return self._sharding.gather_rows(X[mine])[0]  # rank order is index order
 
     def fit(self, X, y):
         self._check_common()
         X, Y = self._fit_data(X, y, self.alpha, self.landmarks)
         alpha = _alpha(self.alpha, Y.shape[1], X.dtype)
         self.source_ = self._resolve_source(X.shape[0])
-        if self.source_ == "sharded":  # landmarks drawn from all ranks' points, as one process would
-            X_local, (X, _), Y = X, self._sharding.gather_rows(X), self._sharding.gather_rows(Y)[0]
         L = self._choose_landmarks(X)
         m = L.shape[0]
-        K_nm, fast_nm = self._sources(self.source_, X_local if self.source_ == "sharded" else X, L)
-        K_mm, fast_mm = self._sources("streamed" if self.source_ == "sharded" else self.source_, L)
+        K_nm, fast_nm = self._sources(self.source_, X, L)
+        if self.source_ == "sharded":  # K_mm's rows split over the ranks too; vectors by row are whole
+            Y = self._sharding.gather_rows(Y)[0]
+            share = slice(m * self._sharding.rank // self._sharding.size, m * (self._sharding.rank + 1) // self._sharding.size)
+            K_mm = ShardedKernel(self._kernel, L[share], L, sharding=self._sharding, chunk_size=self.chunk_size)
+            fast_mm = K_mm.with_tile_dtype(fast_nm.tile_dtype)
+        else:
+            K_mm, fast_mm = self._sources(self.source_, L)
         eye = torch.eye(m, dtype=X.dtype, device=X.device)
         with torch.no_grad():
             rhs = K_nm.rmatmul_nograd(Y.detach())
@@ -309,14 +282,23 @@ class LandmarkRidge(_Ridge):
                         return out, _direct_info((G - K_nm.gram(out) - a * (Kmm @ out)).norm(dim=0))
                     return solve
             else:
-                gram = self._normal_gram(fast_nm) if m <= NORMAL_FACTOR_MAX else None
-                Kmm = fast_mm.matmul_nograd(eye) if gram is not None else None
+                n = K_nm.shape[0]
+                width = min(m, NORMAL_BLOCK_MAX, max(1, NORMAL_BUDGET // (n * X.element_size())))
+                formed = m <= NORMAL_FACTOR_MAX and 2 * -(-m // width) <= NORMAL_PASSES_MAX
+                gram = self._normal_gram(fast_nm, width) if formed else None
+                Kmm = fast_mm.columns(torch.arange(m, device=X.device))
 
-                def make_solver(a):  # the normal matrix (float32 tiles by default) preconditions exact products
-                    operator = FunctionOperator((m, m), X.dtype, X.device, lambda V: K_nm.gram(V) + a * K_mm.matmul_nograd(V))
-                    return self._cg(operator, self._normal_factor(gram, Kmm, a), self._rtol(X.dtype))
+                def make_solver(a):
+                    """The formed normal matrix (float32 tiles by default) preconditions exact products: CG stops
+                    after one or two iterations. Otherwise Falkon's preconditioner from K_mm alone, with
+                    cheap-tile iterations refined against exact products (more iterations, no n m^2 set-up)."""
+                    M = self._normal_factor(gram, Kmm, a)
+                    if M is not None:
+                        return self._cg(Normal(K_nm, K_mm, a), M, self._rtol(X.dtype))
+                    return self._cg(Normal(fast_nm, fast_mm, a), Falkon(Kmm, n, a), self._rtol(X.dtype),
+                                    exact=Normal(K_nm, K_mm, a))  # Kmm: entries to the tile dtype, jitter to X's
 
-            coef, info, adjoint = self._solve(rhs, alpha, make_solver)
+            coef, info, adjoint = self._solve(rhs, alpha, make_solver, K_nm.shape[0] * 2 * m + m * m)
 
         def residual(c):  # K_nm^T (y - K_nm c) - alpha K_mm c, differentiable
             K_nm, K_mm = self._streamed(X, L), self._streamed(L)
@@ -330,17 +312,18 @@ class LandmarkRidge(_Ridge):
         return self
 
     @staticmethod
-    def _normal_gram(K_nm) -> torch.Tensor:
-        """``K_nm^T K_nm`` from streamed passes over ``NORMAL_BLOCK`` identity columns at a time (no n x m matrix)."""
+    def _normal_gram(K_nm, width: int) -> torch.Tensor:
+        """``K_nm^T K_nm`` from streamed passes over ``width`` identity columns at a time (no n x m matrix:
+        ``width`` keeps the n x width block within ``NORMAL_BUDGET``, so small problems take one gram)."""
         m = K_nm.shape[1]
         eye = torch.eye(m, dtype=K_nm.dtype, device=K_nm.device)
-        return torch.cat([K_nm.gram(eye[:, s:s + NORMAL_BLOCK]) for s in range(0, m, NORMAL_BLOCK)], 1)
+        return torch.cat([K_nm.gram(eye[:, s:s + width]) for s in range(0, m, width)], 1)
 
     @staticmethod
     def _normal_factor(gram, Kmm, a) -> Cholesky | None:
         """The m x m normal matrix factored as CG's preconditioner (CG then stops after one or two
         iterations; unpreconditioned, the squared conditioning of K_nm took ~800 at n=2048, m=256).
-        Above ``NORMAL_FACTOR_MAX`` landmarks, or if roundoff defeats the factorization, CG runs without it."""
+        Not formed (``NORMAL_PASSES_MAX``), or defeated by roundoff: ``None`` (Falkon's preconditioner instead)."""
         if gram is None:
             return None
         normal = gram + a * Kmm

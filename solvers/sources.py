@@ -11,7 +11,6 @@ once, and differentiable through lazytensor's streamed backward.
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 
@@ -19,22 +18,9 @@ import lazytensor as lt
 from lazytensor import distributed
 from lazytensor.engine import check_chunk_size
 
-from .kernels import as_kernel, formula
+from .kernels import as_kernel, check_pair, check_tensor, formula, matrix
 
 __all__ = ["Source", "StreamedKernel", "ShardedKernel", "StoredKernel", "FunctionOperator", "as_source"]
-
-# Dense blocks of a kernel (columns, stored and direct matrices) are identity
-# products over this many columns at a time, batched: exact, and it costs
-# n * m * COLUMN_BLOCK multiply-adds next to the n * m kernel entries.
-COLUMN_BLOCK = 32
-
-
-def _check_points(t, name: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.ndim != 2 or not t.is_floating_point():
-        raise ValueError(f"{name} must be a floating (n, d) tensor, got shape {tuple(t.shape)} and dtype {t.dtype}")
-    return t
 
 
 class Source:
@@ -148,12 +134,8 @@ class StreamedKernel(Source):
     def __init__(self, kernel, X: torch.Tensor, Y: torch.Tensor | None = None, chunk_size=None,
                  tile_dtype: torch.dtype | None = None):
         self.kernel = as_kernel(kernel)
-        self.X = _check_points(X, "X")
-        self.Y = self.X if Y is None else _check_points(Y, "Y")
+        self.X, self.Y = check_pair(X, Y)
         self.symmetric = Y is None
-        if self.Y.shape[1] != self.X.shape[1] or self.Y.dtype != self.X.dtype or self.Y.device != self.X.device:
-            raise ValueError(f"Y must match X in features, dtype and device: X {tuple(self.X.shape)} {self.X.dtype}, "
-                             f"Y {tuple(self.Y.shape)} {self.Y.dtype}")
         if tile_dtype not in (None, self.X.dtype, torch.float32):
             raise ValueError(f"tile_dtype must be None or torch.float32, got {tile_dtype}")
         check_chunk_size(chunk_size)
@@ -198,20 +180,8 @@ class StreamedKernel(Source):
             return self._sum(self.K.square(), 1).squeeze(1)
 
     def block(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
-        """The dense block ``K(X, Y)`` (differentiable), as identity products over column blocks.
-
-        Columns are grouped ``COLUMN_BLOCK`` at a time into a batch, so one
-        lazytensor sum returns every block: ``sum_j K[i, j] E[j, c]`` with
-        ``E`` the identity is exact.
-        """
-        m, d = Y.shape
-        width = min(m, COLUMN_BLOCK)
-        batches = math.ceil(m / width)
-        padded = torch.cat([Y, Y[:1].expand(batches * width - m, d)]) if batches * width > m else Y
-        eye = torch.eye(width, dtype=self.tile_dtype, device=self.device)
-        terms = self.formula(X, padded.reshape(batches, width, d)) * lt.Vj(eye)
-        out = self._sum(terms, 1)  # (batches, n, width)
-        return out.permute(1, 0, 2).reshape(X.shape[0], batches * width)[:, :m]
+        """The dense block ``K(X, Y)`` (differentiable; :func:`solvers.kernels.matrix`)."""
+        return matrix(self.kernel, X, Y, tile_dtype=self.tile_dtype, chunk_size=self.chunk_size, dtype_acc=self.dtype_acc)
 
     def columns(self, idx: torch.Tensor) -> torch.Tensor:
         """``K[:, idx]`` (n x len(idx)), no gradient."""
@@ -240,13 +210,13 @@ class ShardedKernel(Source):
 
     def __init__(self, kernel, X_local: torch.Tensor, Y: torch.Tensor | None = None, *, sharding=None, chunk_size=None,
                  tile_dtype: torch.dtype | None = None):
-        X_local = _check_points(X_local, "X_local").detach()
+        X_local = check_tensor(X_local, "X_local").detach()
         self.sharding = sharding or distributed.active() or distributed.Sharding()
         sizes = self.sharding.sizes(X_local.shape[0], X_local.device)
         start = sum(sizes[:self.sharding.rank])
         self.rows = slice(start, start + X_local.shape[0])
         self.symmetric = Y is None  # then the columns are every rank's points, gathered once
-        self.Y = self.sharding.gather_rows(X_local)[0] if Y is None else _check_points(Y, "Y").detach()
+        self.Y = self.sharding.gather_rows(X_local)[0] if Y is None else check_tensor(Y, "Y").detach()
         self.local = StreamedKernel(kernel, X_local, self.Y, chunk_size, tile_dtype)
         self.tile_dtype = self.local.tile_dtype
         self.shape = (sum(sizes), self.Y.shape[0])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from .base import (
     ClassifierMixin,
@@ -15,8 +16,9 @@ from .base import (
     check_positive,
 )
 from .krylov import KrylovInfo, cg, fix_signs, golub_kahan_svds, lanczos_eigsh
+from .operators import Centred, Shifted
 from .preconditioners import LowRankPreconditioner, pivoted_cholesky
-from .sources import FunctionOperator
+from .sources import ShardedKernel, Source
 
 __all__ = ["KernelPCA", "KernelLDA", "KernelSVD"]
 
@@ -51,12 +53,13 @@ class KernelPCA(TransformerMixin, Estimator):
     def fit(self, X, y=None):
         self._check_common()
         _check_width(self.search_width)
-        X = self._fit_points(X).detach()
-        n = X.shape[0]
-        k = check_count(self.n_components, "n_components", n, "at most the number of samples")
-        self.source_ = self._resolve_source(n)
+        X = self._fit_rows(X)[0].detach()
+        self.source_ = self._resolve_source(X.shape[0])
         K = self._source("stored" if self.source_ == "direct" else self.source_, X,
                          tile_dtype=self._tile_dtype(X.dtype, refined=False))
+        X, self._rows = _whole(K, X)
+        n = X.shape[0]
+        k = check_count(self.n_components, "n_components", n, "at most the number of samples")
         column_means = K.matmul_nograd(torch.full((n, 1), 1.0 / n, dtype=X.dtype, device=X.device)).squeeze(1)
         if self.source_ == "direct":
             Kc = K.matrix - column_means[:, None] - column_means[None, :] + column_means.mean()
@@ -65,12 +68,7 @@ class KernelPCA(TransformerMixin, Estimator):
             vectors = vectors * fix_signs(vectors)
             info = _direct_info(k, X.dtype)
         else:
-            def centred(V):
-                KV = K.matmul_nograd(V - V.mean(0))
-                return KV - KV.mean(0)
-
-            operator = FunctionOperator(K.shape, K.dtype, K.device, centred)
-            values, vectors, info = lanczos_eigsh(operator, k, search_width=self.search_width,
+            values, vectors, info = lanczos_eigsh(Centred(K), k, search_width=self.search_width,
                                                   rtol=self._rtol(X.dtype), maxiter=self.maxiter,
                                                   random_state=self.random_state)
         self._publish(X_fit=X, eigenvalues=values, eigenvectors=vectors, column_means=column_means)
@@ -84,30 +82,37 @@ class KernelPCA(TransformerMixin, Estimator):
 
     def transform(self, X):
         self._check_fitted("eigenvectors")
-        X, numpy_out = self._query_points(X, self._X_fit)
-        n = self._X_fit.shape[0]
+        n, dtype = self._X_fit.shape[0], self._X_fit.dtype
         values, means = self._eigenvalues, self._column_means
         positive = values > 0
-        scaled = torch.where(positive, self._eigenvectors / values.clamp_min(torch.finfo(X.dtype).tiny).sqrt(), 0.0)
-        ones = torch.full((n, 1), 1.0 / n, dtype=X.dtype, device=X.device)
-        both = self._streamed(X.detach(), self._X_fit) @ torch.cat([scaled, ones], 1)  # projections and row means
+        scaled = torch.where(positive, self._eigenvectors / values.clamp_min(torch.finfo(dtype).tiny).sqrt(), 0.0)
+        ones = torch.full((n, 1), 1.0 / n, dtype=dtype, device=self._X_fit.device)
+        with torch.no_grad():  # projections and row means
+            both, numpy_out = self._times(X, self._X_fit, torch.cat([scaled, ones], 1), self._rows)
         projected, row_means = both[:, :-1], both[:, -1:]
         sums = scaled.sum(0)
         return as_output(projected - means @ scaled - row_means * sums + means.mean() * sums, numpy_out)
 
 
-class _WithinClass:
-    """``N = K H K`` (``H`` removes class means) as a source for pivoted Cholesky: diagonal and columns."""
+def _whole(K, X):
+    """``(every rank's points, this rank's rows)`` of a sharded source ``K``; ``(X, None)`` for any other."""
+    return (K.Y, K.rows) if isinstance(K, ShardedKernel) else (X, None)
+
+
+class _WithinClass(Source):
+    """``N = K H K`` (``H`` removes class means): CG's operator, and pivoted Cholesky's diagonal and columns."""
 
     def __init__(self, K, onehot, counts, class_sums):
         self.K, self.onehot, self.counts, self.class_sums = K, onehot, counts, class_sums
-        self.shape = K.shape
+        self.shape, self.dtype, self.device = K.shape, K.dtype, K.device
 
     def centre(self, V):
         return V - self.onehot @ ((self.onehot.T @ V) / self.counts[:, None])
 
-    def __call__(self, V):
+    def matmul(self, V):
         return self.K.matmul_nograd(self.centre(self.K.matmul_nograd(V)))
+
+    rmatmul = matmul
 
     def diag(self):  # ||H K e_i||^2 = sum_k K_ik^2 - sum_c (sum_{k in c} K_ik)^2 / n_c
         return self.K.squared_row_norms() - (self.class_sums.square() / self.counts).sum(1)
@@ -146,9 +151,16 @@ class KernelLDA(ClassifierMixin, TransformerMixin, Estimator):
         if self.preconditioner not in (None, "nystrom"):
             raise ValueError(f"preconditioner must be None or 'nystrom', got {self.preconditioner!r}")
         reg = check_positive(self.regularization, "regularization")
-        X = self._fit_points(X).detach()
+        X, classes, labels = self._fit_rows(X, lambda X: check_labels(y, X.shape[0]))
+        X = X.detach()
+        self.source_ = self._resolve_source(X.shape[0])
+        # N = K H K squares K's conditioning: float32 tiles only when asked for (they cost more iterations)
+        K, fast = self._sources("stored" if self.source_ == "direct" else self.source_, X, refined=False)
+        X, self._rows = _whole(K, X)
+        if self._rows is not None:  # every rank's labels, in rank order
+            classes, labels = _gather_labels(classes[labels.numpy()] if isinstance(classes, np.ndarray)
+                                             else classes[labels], self._sharding)
         n = X.shape[0]
-        classes, labels = check_labels(y, n)
         C = len(classes)
         if C < 2:
             raise ValueError(f"y must contain at least two classes, got {C} class")
@@ -156,15 +168,12 @@ class KernelLDA(ClassifierMixin, TransformerMixin, Estimator):
                         "a C-class discriminant has at most C - 1 directions")
         onehot = torch.nn.functional.one_hot(labels.to(X.device), C).to(X.dtype)
         counts = onehot.sum(0)
-        self.source_ = self._resolve_source(n)
-        # N = K H K squares K's conditioning: float32 tiles only when asked for (they cost more iterations)
-        K, fast = self._sources("stored" if self.source_ == "direct" else self.source_, X, refined=False)
         class_sums = K.matmul_nograd(onehot)
         rhs = (class_sums / counts - class_sums.sum(1, keepdim=True) / n) * counts.sqrt()  # M = rhs rhs^T
         within = _WithinClass(K, onehot, counts, class_sums)
         fast_within = within if fast is K else _WithinClass(fast, onehot, counts, class_sums)
         if self.source_ == "direct":
-            S = within(torch.eye(n, dtype=X.dtype, device=X.device))
+            S = within.matmul(torch.eye(n, dtype=X.dtype, device=X.device))
             S.diagonal().add_(reg)
             Z = torch.cholesky_solve(rhs, torch.linalg.cholesky((S + S.T) / 2))
             info = _direct_info(C, X.dtype)
@@ -174,12 +183,8 @@ class KernelLDA(ClassifierMixin, TransformerMixin, Estimator):
                 factor = pivoted_cholesky(fast_within, self._rank(n), tolerance=reg, random_state=self.random_state,
                                           dtype=getattr(fast, "tile_dtype", X.dtype))
                 M = LowRankPreconditioner(factor, reg)
-
-            def shifted(operator):
-                return FunctionOperator(K.shape, K.dtype, K.device, lambda V: operator(V) + reg * V)
-
-            Z, info = cg(shifted(fast_within), rhs, M=M, rtol=self._rtol(X.dtype), atol=self.atol, maxiter=self.maxiter,
-                         exact=shifted(within))
+            Z, info = cg(Shifted(fast_within, reg), rhs, M=M, rtol=self._rtol(X.dtype), atol=self.atol,
+                         maxiter=self.maxiter, exact=Shifted(within, reg))
         small = rhs.T @ Z
         values, vectors = torch.linalg.eigh((small + small.T) / 2)
         values, vectors = values.flip(0)[:k], vectors.flip(1)[:, :k]
@@ -195,8 +200,8 @@ class KernelLDA(ClassifierMixin, TransformerMixin, Estimator):
 
     def _project(self, X) -> tuple[torch.Tensor, bool]:
         self._check_fitted("eigenvectors")
-        X, numpy_out = self._query_points(X, self._X_fit)
-        return self._streamed(X.detach(), self._X_fit) @ self._eigenvectors, numpy_out
+        with torch.no_grad():
+            return self._times(X, self._X_fit, self._eigenvectors, self._rows)
 
     def transform(self, X):
         projected, numpy_out = self._project(X)
@@ -217,6 +222,15 @@ class KernelLDA(ClassifierMixin, TransformerMixin, Estimator):
         return float(np.mean(predicted == np.asarray(y)))
 
 
+def _gather_labels(mine, sharding):
+    """Classes and codes of every rank's labels (NumPy or torch, any type NumPy holds), concatenated in rank order."""
+    parts = [None] * sharding.size
+    dist.all_gather_object(parts, mine, group=sharding.group)
+    parts = [p for p in parts if len(p)]
+    whole = torch.cat(parts) if isinstance(parts[0], torch.Tensor) else np.concatenate(parts)
+    return check_labels(whole, len(whole))
+
+
 class KernelSVD(Estimator):
     """Leading singular triplets of the rectangular kernel ``K(X, Y)`` by block Golub-Kahan-Lanczos.
 
@@ -235,16 +249,19 @@ class KernelSVD(Estimator):
     def fit(self, X, Y=None):
         self._check_common()
         _check_width(self.search_width)
-        X = self._fit_points(X).detach()
-        Y = X if Y is None else check_points(Y, "Y", estimator=self, n_features=X.shape[1], dtype=X.dtype)[0].detach()
-        k = check_count(self.n_components, "n_components", min(X.shape[0], Y.shape[0]), "at most min(n_X, n_Y)")
-        self.source_ = self._resolve_source(max(X.shape[0], Y.shape[0]))
+        X = self._fit_rows(X)[0].detach()
+        if Y is not None:  # a second point set, replicated on every rank of a sharded fit
+            Y = self._agreed(lambda: check_points(Y, "Y", estimator=self, n_features=X.shape[1], dtype=X.dtype)[0].detach())
+        self.source_ = self._resolve_source(max(X.shape[0], X.shape[0] if Y is None else Y.shape[0]))
         if self.source_ == "direct":
+            Y = X if Y is None else Y
+            k = check_count(self.n_components, "n_components", min(X.shape[0], Y.shape[0]), "at most min(n_X, n_Y)")
             U, s, Vt = torch.linalg.svd(self._source("stored", X, Y).matrix, full_matrices=False)
             signs = fix_signs(U[:, :k])
             s, left, right, info = s[:k], U[:, :k] * signs, Vt[:k].T * signs, _direct_info(k, X.dtype)
         else:
             K = self._source(self.source_, X, Y, tile_dtype=self._tile_dtype(X.dtype, refined=False))
+            k = check_count(self.n_components, "n_components", min(K.shape), "at most min(n_X, n_Y)")
             s, left, right, info = golub_kahan_svds(K, k,
                                                     search_width=self.search_width, rtol=self._rtol(X.dtype),
                                                     maxiter=self.maxiter, random_state=self.random_state)

@@ -1,14 +1,14 @@
-"""Sharded ridge fits on two gloo processes equal the single-process fit on the concatenated data.
+"""Sharded fits on two gloo processes equal the single-process fit on the concatenated data.
 
 Each rank fits on its own rows (uneven, then one rank empty); every rank must
-get the single-process dual coefficients and predictions (1e-8 relative,
-float64), identical Krylov diagnostics, and the same error when one rank's
-input is bad.
+get the single-process coefficients, eigen- / singular vectors, predictions and
+transforms (1e-8 relative, float64), identical Krylov diagnostics, and the same
+error when one rank's input is bad.
 """
 import pytest
 import torch
 
-from solvers import RBF, KernelPCA, KernelRidge, LandmarkRidge
+from solvers import RBF, KernelLDA, KernelPCA, KernelRidge, KernelSVD, LandmarkRidge
 from tests.ranks import run_on_ranks
 
 
@@ -25,9 +25,15 @@ def _close(a, b, what):
     assert err < 1e-8, f"{what}: relative difference {err:.2e}"
 
 
-def _check(rank, world_size):
+def _same_on_ranks(payload, world_size, what):
     import torch.distributed as dist
 
+    both = [torch.empty_like(payload) for _ in range(world_size)]
+    dist.all_gather(both, payload)  # identical on every rank, bit for bit
+    assert torch.equal(both[0], both[1]), f"{what}: ranks disagree"
+
+
+def _check(rank, world_size):
     X, Y, Xq = data()
     estimators = {
         "ridge": lambda source: KernelRidge(RBF(0.5), alpha=0.1, source=source, rtol=1e-12, chunk_size=64),
@@ -44,10 +50,7 @@ def _check(rank, world_size):
             _close(coef, ref.dual_coef_ if name.startswith("ridge") else ref.coef_, label)
             _close(model.predict(Xq), ref.predict(Xq), label + " predict")
             scalars = torch.tensor([model.info_.iterations, model.info_.matvecs], dtype=torch.float64)
-            payload = torch.cat([scalars, coef.reshape(-1)])
-            both = [torch.empty_like(payload) for _ in range(world_size)]
-            dist.all_gather(both, payload)  # identical on every rank, bit for bit
-            assert torch.equal(both[0], both[1]), f"{label}: ranks disagree"
+            _same_on_ranks(torch.cat([scalars, coef.reshape(-1)]), world_size, label)
     # inside lazytensor's sharded() context (the group comes from it; the fit's own products stay local)
     import lazytensor as lt
 
@@ -68,14 +71,51 @@ def _check(rank, world_size):
         KernelRidge(RBF(0.5), source="sharded").fit(X[:10].requires_grad_(), Y[:10])
 
 
+def _check_spectral(rank, world_size):
+    """KernelPCA, KernelLDA (string labels) and KernelSVD (square, and against a replicated second point set)."""
+    X, Y, Xq = data()
+    labels = ["abc"[int(v)] for v in (3 * torch.sigmoid(4 * X[:, 0])).floor().clamp(max=2)]
+    Z = X[:70] + 0.5
+    fits = {
+        "pca": (lambda s: KernelPCA(RBF(0.5), n_components=3, source=s, rtol=1e-12), (), "eigenvectors_"),
+        "pca-float32-tiles": (lambda s: KernelPCA(RBF(0.5), n_components=2, source=s, rtol=1e-6,
+                                                  tile_dtype=torch.float32), (), "eigenvectors_"),
+        "lda": (lambda s: KernelLDA(RBF(0.5), source=s, rtol=1e-12), (labels,), "eigenvectors_"),
+        "svd": (lambda s: KernelSVD(RBF(0.5), n_components=3, source=s, rtol=1e-12), (), "left_vectors_"),
+        "svd-rectangular": (lambda s: KernelSVD(RBF(0.5), n_components=3, source=s, rtol=1e-12), (Z,), "right_vectors_"),
+    }
+    for name, (make, extra, vectors) in fits.items():
+        ref = make("streamed").fit(X, *extra)
+        for split in (170, 300):  # uneven shards, then rank 1 empty
+            rows = slice(0, split) if rank == 0 else slice(split, 300)
+            mine = [e[rows] if name == "lda" else e for e in extra]
+            model = make("sharded").fit(X[rows], *mine)
+            label = f"{name} split {split}"
+            _close(getattr(model, vectors), getattr(ref, vectors), label)
+            if name.startswith("svd"):
+                _close(model.singular_values_, ref.singular_values_, label + " values")
+                _close(model.left_vectors_, ref.left_vectors_, label + " left")
+            else:
+                _close(model.eigenvalues_, ref.eigenvalues_, label + " values")
+                _close(model.transform(Xq), ref.transform(Xq), label + " transform")
+            if name == "lda":
+                assert list(model.classes_) == list(ref.classes_) and list(model.predict(Xq)) == list(ref.predict(Xq))
+            scalars = torch.tensor([model.info_.iterations, model.info_.matvecs], dtype=torch.float64)
+            _same_on_ranks(torch.cat([scalars, getattr(model, vectors).reshape(-1)]), world_size, label)
+    with pytest.raises(ValueError, match="at least two classes"):  # counted over every rank's labels
+        KernelLDA(RBF(0.5), source="sharded").fit(X[:10], ["a"] * 10)
+    with pytest.raises(ValueError, match="n_components"):
+        KernelPCA(RBF(0.5), n_components=25, source="sharded").fit(X[:10])  # 20 points over both ranks
+
+
 @pytest.mark.slow
 def test_sharded_ridge_fits_equal_single_process():
     run_on_ranks(_check)
 
 
-def test_sharded_source_is_refused_where_not_implemented():
-    with pytest.raises(ValueError, match="source='sharded' is available for KernelRidge and LandmarkRidge"):
-        KernelPCA(RBF(0.5), source="sharded").fit(torch.randn(10, 2))
+@pytest.mark.slow
+def test_sharded_spectral_fits_equal_single_process():
+    run_on_ranks(_check_spectral)
 
 
 def test_sharded_fit_needs_a_process_group():

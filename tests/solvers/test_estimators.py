@@ -44,6 +44,7 @@ def test_ridge_matches_scikit_learn(source, preconditioner):
     torch.testing.assert_close(est.predict(Xq), torch.from_numpy(ref), rtol=1e-8, atol=1e-9)
     assert est.info_.converged and est.source_ == source
     assert est.predict(Xq[0:1]).shape == (1, 2)
+    assert (est.info_.pairs_per_second > 0) == (source != "direct")  # kernel entries per second of the CG products
 
 
 def test_ridge_float32_and_vector_targets():
@@ -71,6 +72,24 @@ def test_landmark_matches_closed_form(source):
     torch.testing.assert_close(est.predict(Xq), reference(kernel, Xq, L) @ coef, rtol=1e-8, atol=1e-9)
     if source != "direct":  # the factored m x m normal matrix preconditions CG: one or two iterations
         assert est.info_.converged and est.info_.iterations <= 3
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-7), (torch.float32, 3e-3)])
+def test_landmark_without_the_normal_matrix_uses_falkon(monkeypatch, dtype, tol):
+    """Where forming K_nm^T K_nm costs too many passes, K_mm alone preconditions (float32 tiles refined)."""
+    import solvers.ridge
+
+    monkeypatch.setattr(solvers.ridge, "NORMAL_PASSES_MAX", 0)
+    X, Y, Xq = _regression(n=157)
+    L = X[5:45]
+    Knm, Kmm = reference(RBF(0.5), X, L), reference(RBF(0.5), L, L)
+    coef = torch.linalg.solve(Knm.T @ Knm + 2.0 * Kmm, Knm.T @ Y)
+    est = LandmarkRidge(RBF(0.5), 2.0, landmarks=L.to(dtype), source="streamed",
+                        rtol=1e-12 if dtype == torch.float64 else 1e-5).fit(X.to(dtype), Y.to(dtype))
+    assert est.info_.converged and est.info_.iterations > 3  # the CG ran on the preconditioned normal equations
+    assert est.info_.pairs_per_second > 0 and est.info_.product_seconds > 0
+    prediction = reference(RBF(0.5), Xq, L) @ coef
+    assert float((est.predict(Xq.to(dtype)).double() - prediction).norm() / prediction.norm()) < tol
 
 
 def test_landmark_draws_reproducible_training_points():

@@ -17,7 +17,7 @@ def _points(n, m, d, dtype, shift=0.0):
 
 def reference(kernel, x, y):
     """The kernel matrix from torch.cdist in float64 (no lazytensor)."""
-    r = torch.cdist(x.double(), y.double())
+    r = torch.cdist(x.double(), y.double(), compute_mode="donot_use_mm_for_euclid_dist")
     g = float(kernel.gamma)
     if isinstance(kernel, RBF):
         return torch.exp(-g * r**2)
@@ -122,3 +122,58 @@ def test_kernel_errors_name_the_kernel():
         RBF(torch.ones(2))
     with pytest.raises(ValueError, match="nu"):
         Matern(3.5, 1.0)
+
+
+# ------------------------------------------------------------ kernels called on plain tensors
+def _sklearn_reference(kernel, x, y):
+    """scikit-learn's pairwise kernels where they define ours (RBF, Matern); the Euclidean formula otherwise."""
+    from sklearn.gaussian_process.kernels import Matern as SkMatern
+    from sklearn.metrics.pairwise import rbf_kernel
+
+    a, b = x.double().numpy(), y.double().numpy()
+    if isinstance(kernel, RBF):
+        return torch.from_numpy(rbf_kernel(a, b, gamma=float(kernel.gamma)))
+    if isinstance(kernel, Matern):
+        return torch.from_numpy(SkMatern(length_scale=1 / float(kernel.gamma), nu=kernel.nu)(a, b))
+    return reference(kernel, x, y)  # Laplacian: scikit-learn's laplacian_kernel is L1, ours Euclidean
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=repr)
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_tensor_call_is_the_dense_matrix(kernel, dtype, tol):
+    x, y = _points(37, 45, 5, dtype)  # 45 columns: one full block of 32 and a ragged one
+    K = kernel(x, y)
+    assert isinstance(K, torch.Tensor) and K.dtype == dtype and K.shape == (37, 45)
+    assert torch.allclose(K.double(), _sklearn_reference(kernel, x, y), atol=tol, rtol=0)
+    square = kernel(x)  # Y defaults to X, as in scikit-learn's pairwise kernels
+    assert square.shape == (37, 37) and torch.allclose(square.double(), _sklearn_reference(kernel, x, x), atol=tol, rtol=0)
+    assert kernel(x[:0], y).shape == (0, 45) and kernel(x[:1], y[:1]).shape == (1, 1)
+
+
+def test_tensor_call_on_formulas_and_gradients():
+    x, y = _points(6, 5, 2, torch.float64)
+    expected = (1 + torch.cdist(x, y) ** 2).rsqrt()
+    assert torch.allclose(FormulaKernel("rsqrt(1 + sqdist(x, y))")(x, y), expected)
+    assert torch.allclose(as_kernel(lambda a, b: (1 + a.sqdist(b)).rsqrt())(x, y), expected)
+    g = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    xg = x.clone().requires_grad_()
+    RBF(g)(xg, y).sum().backward()
+    dense = torch.exp(-g * torch.cdist(xg, y) ** 2).sum()
+    gx, gg = torch.autograd.grad(dense, (xg, g))
+    assert torch.allclose(xg.grad, gx) and torch.allclose(g.grad, gg)
+    lazy = RBF(0.3)(lt.Vi(x), lt.Vj(y))  # LazyTensors still give the formula
+    assert isinstance(lazy, lt.LazyTensor)
+    assert torch.allclose(lazy.sum(1).squeeze(1), torch.exp(-0.3 * torch.cdist(x, y) ** 2).sum(1))
+
+
+def test_tensor_call_rejects_other_arguments():
+    x, y = _points(6, 5, 2, torch.float64)
+    for args in ((x.numpy(), y.numpy()), (x, lt.Vj(y)), (lt.Vi(x),), ([[1.0]], [[2.0]])):
+        with pytest.raises(TypeError, match="takes two LazyTensors .* or torch tensors X"):
+            RBF(0.5)(*args)
+    with pytest.raises(ValueError, match="X must be a floating"):
+        Matern(1.5)(x[0])
+    with pytest.raises(ValueError, match="Y must be a floating"):
+        Laplacian()(x, torch.ones(3, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="Y must match X"):
+        RBF()(x, y.float())

@@ -100,3 +100,23 @@ def test_bad_inputs():
         StreamedKernel(RBF(1.0), torch.ones(3, dtype=torch.float64))
     with pytest.raises(ValueError, match="tile_dtype"):
         StreamedKernel(RBF(1.0), X, tile_dtype=torch.float16)
+
+
+def test_composed_operators_match_their_dense_matrices():
+    from solvers import RBF, Centred, Normal, Shifted, StoredKernel
+
+    g = torch.Generator().manual_seed(3)
+    X, L = torch.randn(23, 3, generator=g, dtype=torch.float64), torch.randn(7, 3, generator=g, dtype=torch.float64)
+    K, Knm, Kmm = RBF(0.4)(X), RBF(0.4)(X, L), RBF(0.4)(L)
+    V, W = torch.randn(23, 2, generator=g, dtype=torch.float64), torch.randn(7, 2, generator=g, dtype=torch.float64)
+    H = torch.eye(23, dtype=torch.float64) - 1 / 23
+    for source in (StreamedKernel(RBF(0.4), X), StoredKernel(K)):
+        assert torch.allclose(Shifted(source, 0.3) @ V, (K + 0.3 * torch.eye(23, dtype=torch.float64)) @ V)
+        assert torch.allclose(Centred(source) @ V, H @ K @ H @ V)
+        assert torch.allclose(Shifted(source, 0.3).T @ V, Shifted(source, 0.3) @ V)
+    normal = Normal(StreamedKernel(RBF(0.4), X, L), StreamedKernel(RBF(0.4), L), 0.2)
+    assert normal.shape == (7, 7) and torch.allclose(normal @ W, (Knm.T @ Knm + 0.2 * Kmm) @ W)
+    with pytest.raises(ValueError, match="square"):
+        Shifted(StreamedKernel(RBF(0.4), X, L), 1.0)
+    with pytest.raises(ValueError, match="Normal needs B of shape"):
+        Normal(StreamedKernel(RBF(0.4), X, L), StoredKernel(K), 0.1)
