@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q -e ".[test,compare]"
+	$(PY) -m pip install -q -e ".[test,compare,clients]"
 	touch $@
 
 venv: $(VENV)/.installed
