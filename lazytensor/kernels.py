@@ -28,7 +28,7 @@ from . import lower, threads
 
 MAX_KERNELS = 64
 # Kernels read the thread count when they run, not when they were compiled: a pass on a busy
-# machine uses fewer threads (engine.pass_threads) without a recompile.
+# machine uses fewer threads (threads.pass_threads) without a recompile.
 COMPILE_OPTIONS = {"cpp.dynamic_threads": True}
 _CACHE: OrderedDict[tuple, Callable] = OrderedDict()
 _LOCK = threading.RLock()
@@ -116,12 +116,7 @@ class CompiledKernel:
         self._warn_failure()
         if self.compiled:
             try:
-                if self.first and args[-1].device.type == "cpu":  # tile(I, J, P, mask, rowmask): a CPU kernel
-                    _settle_vector_isa()
-                self.first = False
-                out = self.fn(*args)
-                self._compiled_once()
-                return out
+                return self._compiled_call(args)
             except Exception as exc:  # noqa: BLE001 - any compiler failure falls back
                 self._fall_back(exc)
                 self._warn_failure(stacklevel=3)
@@ -132,6 +127,14 @@ class CompiledKernel:
         """Compiled and usable without waiting: the auto tier switches to it."""
         self._warn_failure()
         return self.compiled and self.compiled_once.is_set()
+
+    def _compiled_call(self, args: tuple):
+        if self.first and args[-1].device.type == "cpu":  # tile(I, J, P, mask, rowmask): a CPU kernel
+            _settle_vector_isa()
+        self.first = False
+        out = self.fn(*args)
+        self._compiled_once()
+        return out
 
     def _compiled_once(self) -> None:
         if not self.compiled_once.is_set():
@@ -161,11 +164,7 @@ class CompiledKernel:
 
     def _background_call(self, args: tuple) -> None:
         try:
-            if self.first and args[-1].device.type == "cpu":
-                _settle_vector_isa()
-            self.first = False
-            self.fn(*args)
-            self._compiled_once()
+            self._compiled_call(args)
         except Exception as exc:  # noqa: BLE001 - any compiler failure falls back
             self._fall_back(exc)
         finally:

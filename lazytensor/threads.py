@@ -2,8 +2,10 @@
 
 A pass runs thousands of short parallel regions, and each waits for its
 slowest thread: with one of two cores taken by another process, every region
-waits for a descheduled thread (the RBF product at 8192^2, 2 cores, one busy:
-18.6 s at 2 threads, 1.2 s at 1, dense 2.2 s). A pass therefore counts the
+waits for a descheduled thread (the issue measured the RBF product's first call at 42.6 s
+with one of two cores busy, dense 2.8 s; with this module the later calls slow down 1.5x
+busy against quiet, dense 1.15-1.5x: ``python -m harness operators --first-call --busy``,
+docs/performance.md). A pass therefore counts the
 tasks runnable on the machine right now (``/proc/loadavg``), less this
 process's own, plus this process's background compiles (they take a core
 too), and runs with the cores left, at least one. It looks again at each row
