@@ -11,8 +11,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .schedules import ProbeRadius  # noqa: F401 - its first import path (docs, users)
-
 
 @dataclass
 class TrustRegion:
@@ -42,17 +40,19 @@ class TrustRegion:
             raise ValueError("trust_region needs 0 < minimum <= initial <= maximum")
 
     @classmethod
-    def from_option(cls, option: bool | dict | None) -> "TrustRegion | None":
+    def from_option(cls, option: "bool | dict | TrustRegion | None") -> "TrustRegion | None":
         if option is None or option is False:
             return None
         if option is True:
             return cls()
+        if isinstance(option, cls):
+            return option
         if isinstance(option, dict):
             unknown = set(option) - set(asdict(cls()))
             if unknown:
                 raise ValueError(f"trust_region got unknown keys {sorted(unknown)}")
             return cls(**option)
-        raise TypeError(f"trust_region must be a bool or a dict of settings, got {type(option).__name__}")
+        raise TypeError(f"trust_region must be a bool, a dict of settings or a TrustRegion, got {type(option).__name__}")
 
     def ratio(self, actual_decrease: float, predicted_decrease: float) -> float:
         if predicted_decrease > 0.0:
@@ -101,11 +101,11 @@ class MultifidelityScreen:
             raise ValueError("multifidelity_screen needs 0 < min_keep_probability <= screen_keep_ratio")
 
     @classmethod
-    def from_option(cls, option: dict | None) -> "MultifidelityScreen | None":
-        if option is None:
-            return None
+    def from_option(cls, option: "dict | MultifidelityScreen | None") -> "MultifidelityScreen | None":
+        if option is None or isinstance(option, cls):
+            return option
         if not isinstance(option, dict):
-            raise TypeError(f"multifidelity_screen must be a dict or None, got {type(option).__name__}")
+            raise TypeError(f"multifidelity_screen must be a dict (or MultifidelityScreen) or None, got {type(option).__name__}")
         missing = {"screen_fidelity", "num_probe", "screen_keep_ratio"} - set(option)
         if missing:
             raise ValueError(f"multifidelity_screen is missing {sorted(missing)}")
@@ -168,6 +168,12 @@ class ProbeScale:
     def clamp(self) -> None:
         self.value = min(max(self.value, self.minimum), self.maximum)
 
+    def state_dict(self) -> dict:
+        return {"scale": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["scale"]
+
 
 class AdaptiveTemperature:
     """The transport temperature, steered by how well the last move was predicted.
@@ -192,3 +198,25 @@ class AdaptiveTemperature:
     def update(self, rho: float, clipped: bool) -> None:
         good = rho > self.good_rho and not clipped
         self.value = min(max(self.value * (self.grow if good else self.shrink), self.minimum), self.maximum)
+
+    def state_dict(self) -> dict:
+        return {"temperature": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["temperature"]
+
+
+class FixedTemperature:
+    """A temperature the user set: it never moves and has no state to save."""
+
+    def __init__(self, value: float):
+        self.value = value
+
+    def update(self, rho: float, clipped: bool) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {"temperature": None}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

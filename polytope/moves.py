@@ -125,3 +125,9 @@ class Momentum:
 
     def reset(self) -> None:
         self.velocity = [torch.zeros_like(v) for v in self.velocity]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"velocity": [v.clone() for v in self.velocity]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.velocity = [v.clone() for v in state["velocity"]]

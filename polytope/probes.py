@@ -9,6 +9,9 @@ frame-coordinate statistics live in the scaled space ``y = x / metric``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from .candidates import CandidateGroup
@@ -78,6 +81,13 @@ class Probes:
         self.metric = None if metric is None else [metric[index] for index in blocks]
         self.bases = [random_basis(index.numel(), d, generator) for index, d in zip(blocks, dims)]
         self.last_move = [torch.zeros(index.numel(), dtype=torch.float64) for index in blocks]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"bases": [b.clone() for b in self.bases], "last_move": [m.clone() for m in self.last_move]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.bases = [b.clone() for b in state["bases"]]
+        self.last_move = [m.clone() for m in state["last_move"]]
 
     def frame(self, dim: int) -> torch.Tensor:
         if dim not in self._frames:
@@ -157,3 +167,46 @@ class Probes:
 
     def candidate_count(self, active: list[int], radius_count: int) -> int:
         return radius_count * sum(self.vertex_count(p, d) for p, d in enumerate(active) if d)
+
+    def affordable(self, room: float, unit: float) -> list[int] | None:
+        """Frame dimension probed per block: all of them, or (last step) what ``room`` pays for at ``unit`` evaluations
+        per vertex: a random subset of whole blocks, else the leading axes of one; None: nothing fits."""
+        dims = list(self.dims)
+        if unit * self.candidate_count(dims, 1) <= room:
+            return dims
+        active, spent = [0] * len(dims), 0.0
+        order = torch.randperm(len(dims), generator=self.generator).tolist()
+        for p in order:
+            cost = unit * self.vertex_count(p)
+            if spent + cost <= room:
+                active[p], spent = dims[p], spent + cost
+        if not any(active):
+            p = order[0]
+            fits = [d for d in range(1, dims[p] + 1) if unit * self.vertex_count(p, d) <= room]
+            if not fits:
+                return None
+            active[p] = fits[-1]
+        return active
+
+
+@dataclass
+class ProbeRecord:
+    """What one probe sweep saw; reusable while point, objective and configuration stay put."""
+
+    point: torch.Tensor
+    token: Any
+    bases: list[torch.Tensor]
+    radii: torch.Tensor  # (P, K) absolute radii
+    losses: torch.Tensor  # (P, Vmax, K), +inf padding
+    active: list[int]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"point": self.point.clone(), "token": self.token, "bases": [b.clone() for b in self.bases],
+                "radii": self.radii.clone(), "losses": self.losses.clone(), "active": list(self.active)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any] | None) -> "ProbeRecord | None":
+        if state is None:
+            return None
+        return cls(state["point"].clone(), state["token"], [b.clone() for b in state["bases"]], state["radii"].clone(),
+                   state["losses"].clone(), list(state["active"]))

@@ -96,6 +96,12 @@ class Transport:
         self.solver, self.relaxation, self.max_iter = solver, relaxation, max_iter
         self.potentials: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    def state_dict(self) -> dict:
+        return {"potentials": None if self.potentials is None else [t.clone() for t in self.potentials]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.potentials = None if state["potentials"] is None else tuple(t.clone() for t in state["potentials"])
+
     def plan(self, costs: torch.Tensor, epsilon: float) -> TransportResult:
         """Plan for raw costs (normalized here); Sinkhorn's ``info`` warns when it did not converge."""
         normalized = normalize_costs(costs)

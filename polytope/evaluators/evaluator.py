@@ -39,6 +39,7 @@ from torch import nn
 
 from .. import distributed
 from ..candidates import CandidateBatch
+from ..config import EvaluatorOptions
 from ..param_layout import ParameterLayout
 from .chunking import ChunkRunner, estimate_chunk, memory_budget
 from .compiled import CompiledSite
@@ -50,21 +51,6 @@ from .losses import CandidateLoss
 from .mlp import MLPPlan, PrefixCache, mlp_outputs
 from .paths import STRATEGIES, Declined
 
-_AUTOCAST = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
-
-
-def _autocast_dtype(value) -> torch.dtype | None:
-    if value is None or value is False:
-        return None
-    if isinstance(value, str):
-        if value not in _AUTOCAST:
-            raise ValueError("candidate_autocast must be None, torch.bfloat16, torch.float16 or one of "
-                             f"{sorted(_AUTOCAST)}, got {value!r}")
-        return _AUTOCAST[value]
-    if value in (torch.bfloat16, torch.float16):
-        return value
-    raise ValueError(f"candidate_autocast must be None, torch.bfloat16 or torch.float16, got {value!r}")
-
 
 class NNCostEvaluator:
     """Losses of candidate parameter vectors of ``model`` under ``loss_fn(model(inputs), targets)``.
@@ -72,7 +58,9 @@ class NNCostEvaluator:
     Never changes the model's parameters (the in-place path restores them
     exactly). ``last_path`` names the path that ran last; ``path_counts``
     counts candidates per path (this rank's, under ``group=``). Call
-    ``reset_vmap()`` after replacing layers, parameters or buffers.
+    ``reset_vmap()`` after replacing layers, parameters or buffers. The
+    keywords are checked by ``EvaluatorOptions`` (the one rule the optimizer
+    and ``train()`` use too) and kept in ``options``.
     """
 
     def __init__(
@@ -92,23 +80,13 @@ class NNCostEvaluator:
     ):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        for name, value in (("chunk_size", chunk_size), ("memory_budget", memory_budget)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
-        if not 0 < sparse_fraction <= 1:
-            raise ValueError(f"sparse_fraction must be in (0, 1], got {sparse_fraction!r}")
-        if compile_forward not in (None, True, False):
-            raise ValueError(f"compile_forward must be None, True or False, got {compile_forward!r}")
+        self.options = o = EvaluatorOptions(chunk_size, memory_budget, use_inplace, reuse, compile_evaluator, compile_forward,
+                                            candidate_autocast, sparse_fraction)
         self.model = model
         self.loss = CandidateLoss(loss_fn)
-        self.chunk_size = chunk_size
-        self.memory_budget = memory_budget
-        self.use_inplace = bool(use_inplace)
-        self.reuse = bool(reuse)
-        self.compile_evaluator = bool(compile_evaluator)
-        self.compile_forward = compile_forward
-        self.autocast_dtype = _autocast_dtype(candidate_autocast)
-        self.sparse_fraction = sparse_fraction
+        self.chunk_size, self.memory_budget, self.use_inplace, self.reuse = o.chunk_size, o.memory_budget, o.use_inplace, o.reuse
+        self.compile_evaluator, self.compile_forward = o.compile_evaluator, o.compile_forward
+        self.autocast_dtype, self.sparse_fraction = o.candidate_autocast, o.sparse_fraction
         self.shards = distributed.sharding(group)
         self.last_path: str | None = None
         self.path_counts: Counter = Counter()

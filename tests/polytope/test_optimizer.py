@@ -172,7 +172,9 @@ def test_load_state_dict_rejects_another_layout():
     (dict(compile=1), TypeError, "compile"),
     (dict(compile_evaluator=None), TypeError, "compile_evaluator"),
     (dict(compile_forward="auto"), TypeError, "compile_forward"),
-    (dict(candidate_autocast="bf16"), TypeError, "candidate_autocast"),
+    (dict(candidate_autocast="fp8"), ValueError, "candidate_autocast"),
+    (dict(candidate_autocast=16), TypeError, "candidate_autocast"),
+    (dict(candidate_autocast=False), TypeError, "candidate_autocast"),
     (dict(subspace=object()), TypeError, "subspace"),
     (dict(step_schedule=3), TypeError, "step_schedule"),
     (dict(temperature_schedule="cos"), TypeError, "temperature_schedule"),
@@ -389,7 +391,7 @@ def test_multifidelity_screen_keeps_its_budget():
 
 
 def test_lr_and_radius_live_in_param_groups_and_lr_schedulers_change_the_step():
-    from polytope.controllers import ProbeRadius
+    from polytope import ProbeRadius
 
     f = quadratic()
     moves = []
