@@ -1,4 +1,5 @@
-"""train(): minibatches, evaluator registration, budget, progress and history around PolytopeOptimizer."""
+"""train(): minibatches, evaluator registration, budget, progress and history around PolytopeOptimizer;
+``flat_closure`` (the closure train() uses without an evaluator) and the stall warning."""
 from __future__ import annotations
 
 import dataclasses
@@ -102,11 +103,6 @@ def _check_dtype(model: nn.Module, inputs: torch.Tensor) -> None:
                         f"convert one of them (e.g. inputs.to({param.dtype}) or model.to({inputs.dtype}))")
 
 
-def _make_evaluator(model: nn.Module, loss_fn: Callable, optimizer: PolytopeOptimizer, group) -> NNCostEvaluator:
-    """NNCostEvaluator with the optimizer's (validated) evaluator options, scoring across ``group``'s ranks when set."""
-    return NNCostEvaluator(model, loss_fn, group=group, **dataclasses.asdict(optimizer.evaluator_options))
-
-
 def flat_closure(model: nn.Module, loss_fn: Callable, inputs, targets, shards=None) -> Callable[..., torch.Tensor]:
     """closure(candidates (C, n), subset=None) -> (C,) losses, one functional forward per candidate
     (this rank's range of them, all-gathered, with ``shards`` from ``distributed.sharding``)."""
@@ -155,6 +151,97 @@ class StallMonitor:
                 "loss's noise or the loss may be flat there; try larger radii, a larger batch_size, or check the objective")
 
 
+def _check_arguments(model, loss_fn, steps, max_evaluations, seed, batch_size, progress, use_evaluator, callback) -> tuple:
+    """train()'s own arguments, each error naming its argument, as (steps, max_evaluations, seed, batch_size)
+    (the optimizer's options are checked by PolytopeConfig)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable (outputs, targets) -> loss, got {type(loss_fn).__name__}")
+    if steps is None and max_evaluations is None:
+        raise ValueError("train needs steps or max_evaluations (or both)")
+    steps = check.integer("steps", steps, optional=True)
+    if max_evaluations is not None:
+        max_evaluations = check.positive("max_evaluations", max_evaluations)
+    seed, batch_size = check.seed(seed), check.integer("batch_size", batch_size, optional=True)
+    check.flag("progress", progress)
+    check.flag("use_evaluator", use_evaluator)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable (step, optimizer, history) or None, got {type(callback).__name__}")
+    if next(model.parameters(), None) is None:
+        raise ValueError("model has no parameters to train")
+    return steps, max_evaluations, seed, batch_size
+
+
+def _optimizer_for(model: nn.Module, optimizer, options: dict, seed, max_evaluations) -> PolytopeOptimizer:
+    """The given optimizer (built on this model, with no options beside it), else a new one with ``options``."""
+    if optimizer is None:
+        return PolytopeOptimizer(model.parameters(), seed=seed, max_evaluations=max_evaluations, **options)
+    if options:
+        raise TypeError(f"optimizer options {sorted(options)} given together with an optimizer")
+    if not isinstance(optimizer, PolytopeOptimizer):
+        raise TypeError(f"optimizer must be a PolytopeOptimizer or None, got {type(optimizer).__name__}")
+    if {id(p) for p in optimizer._params} != {id(p) for p in model.parameters()}:
+        raise ValueError("optimizer must have been built on model.parameters()")
+    return optimizer
+
+
+@dataclass
+class _Run:
+    """One train() call's loop: a step per batch until the step count, the budget or the data ends."""
+
+    model: nn.Module
+    loss_fn: Callable
+    optimizer: PolytopeOptimizer
+    evaluator: NNCostEvaluator | None
+    shards: Any
+    stationary: bool
+    steps: int | None
+    max_evaluations: float | None
+    callback: Callable | None
+    history: History = field(default_factory=History)
+
+    def loop(self, batches: Iterator, bar, task) -> None:
+        optimizer, history = self.optimizer, self.history
+        monitor, spent_before, start = StallMonitor(self.stationary), optimizer.evaluations, time.perf_counter()
+        for step in itertools.count():
+            left = None if self.max_evaluations is None else self.max_evaluations - (optimizer.evaluations - spent_before)
+            if (self.steps is not None and step >= self.steps) or (left is not None and left <= 0):
+                break
+            batch = next(batches, None)
+            if batch is None:
+                break  # a one-shot iterator ran out
+            if step == 0:
+                _check_dtype(self.model, batch[0])
+            if not self.step(batch, 0 if self.stationary else step, left):
+                break  # the budget left cannot pay for one probe pair
+            with torch.no_grad():
+                loss = float(self.loss_fn(self.model(batch[0]), batch[1]))  # monitoring only: not charged
+            spent = optimizer.evaluations - spent_before
+            history.loss.append(loss)
+            history.evaluations.append(spent)
+            history.seconds.append(time.perf_counter() - start)
+            history.info.append(dict(optimizer.last_info))
+            stalled = monitor.update(optimizer.last_info, loss)
+            if stalled:
+                warnings.warn(stalled, RuntimeWarning, stacklevel=3)
+            bar.update(task, completed=step + 1 if self.steps is not None else min(spent, self.max_evaluations),
+                       status=f"loss {loss:.4g} | evals {spent:.0f}")
+            if self.callback is not None:
+                self.callback(step, optimizer, history)
+
+    def step(self, batch, token: int, left: float | None) -> bool:
+        """One optimizer step on ``batch``; False when the budget could not pay for it."""
+        inputs, targets = batch
+        if self.evaluator is not None:
+            self.optimizer.register_evaluator(self.evaluator, inputs, targets)
+            self.optimizer.step(objective_token=token, max_evaluations=left)
+        else:
+            closure = flat_closure(self.model, self.loss_fn, inputs, targets, self.shards)
+            self.optimizer.step(closure, objective_token=token, max_evaluations=left)
+        return not self.optimizer.last_info.get("exhausted")
+
+
 def train(
     model: nn.Module,
     loss_fn: Callable,
@@ -176,88 +263,30 @@ def train(
     of ``batch_size``) or an iterable of batches. Every batch gets a new
     objective token, so the trust region and probe reuse stay honest.
     ``max_evaluations`` is a hard cap: the last step shrinks to what is left.
-    The evaluator is unregistered however train() ends (an exception or
-    KeyboardInterrupt included), so the optimizer stays usable with a closure.
+    The evaluator (built with the optimizer's ``evaluator_options``) is
+    unregistered however train() ends (an exception or KeyboardInterrupt
+    included), so the optimizer stays usable with a closure.
 
     ``group`` (a ``torch.distributed`` process group): every rank runs train()
     with the same arguments, seed and data; each step's candidates are scored
     in contiguous ranges across the ranks and their losses all-gathered, so
     every rank takes the single-process trajectory (``polytope/distributed.py``).
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not callable(loss_fn):
-        raise TypeError(f"loss_fn must be callable (outputs, targets) -> loss, got {type(loss_fn).__name__}")
-    if steps is None and max_evaluations is None:
-        raise ValueError("train needs steps or max_evaluations (or both)")
-    steps = check.integer("steps", steps, optional=True)
-    if max_evaluations is not None:
-        max_evaluations = check.positive("max_evaluations", max_evaluations)
-    seed = check.seed(seed)
-    batch_size = check.integer("batch_size", batch_size, optional=True)
-    check.flag("progress", progress)
-    check.flag("use_evaluator", use_evaluator)
-    if callback is not None and not callable(callback):
-        raise TypeError(f"callback must be callable (step, optimizer, history) or None, got {type(callback).__name__}")
-    if next(model.parameters(), None) is None:
-        raise ValueError("model has no parameters to train")
+    steps, max_evaluations, seed, batch_size = _check_arguments(model, loss_fn, steps, max_evaluations, seed, batch_size,
+                                                                progress, use_evaluator, callback)
     shards = distributed.sharding(group)
-    generator = torch.Generator().manual_seed(0 if seed is None else seed)
-    batches, stationary = _batches(data, batch_size, generator)
-    if optimizer is None:
-        optimizer = PolytopeOptimizer(model.parameters(), seed=seed, max_evaluations=max_evaluations, **optimizer_options)
-    elif optimizer_options:
-        raise TypeError(f"optimizer options {sorted(optimizer_options)} given together with an optimizer")
-    elif not isinstance(optimizer, PolytopeOptimizer):
-        raise TypeError(f"optimizer must be a PolytopeOptimizer or None, got {type(optimizer).__name__}")
-    elif {id(p) for p in optimizer._params} != {id(p) for p in model.parameters()}:
-        raise ValueError("optimizer must have been built on model.parameters()")
-    evaluator = _make_evaluator(model, loss_fn, optimizer, group) if use_evaluator else None
-    history = History()
-    monitor = StallMonitor(stationary)
-    spent_before = optimizer.evaluations
-    start = time.perf_counter()
-    total = steps if steps is not None else max_evaluations
+    batches, stationary = _batches(data, batch_size, torch.Generator().manual_seed(0 if seed is None else seed))
+    optimizer = _optimizer_for(model, optimizer, optimizer_options, seed, max_evaluations)
+    options = dataclasses.asdict(optimizer.evaluator_options)
+    evaluator = NNCostEvaluator(model, loss_fn, group=group, **options) if use_evaluator else None
+    run = _Run(model, loss_fn, optimizer, evaluator, shards, stationary, steps, max_evaluations, callback)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn())
     try:
         with Progress(*columns, disable=not progress, transient=False) as bar:
-            task = bar.add_task("polytope", total=total, status="")
-            for step in itertools.count():
-                left = None if max_evaluations is None else max_evaluations - (optimizer.evaluations - spent_before)
-                if (steps is not None and step >= steps) or (left is not None and left <= 0):
-                    break
-                batch = next(batches, None)
-                if batch is None:
-                    break  # a one-shot iterator ran out
-                inputs, targets = batch
-                if step == 0:
-                    _check_dtype(model, inputs)
-                token = 0 if stationary else step
-                if evaluator is not None:
-                    optimizer.register_evaluator(evaluator, inputs, targets)
-                    optimizer.step(objective_token=token, max_evaluations=left)
-                else:
-                    closure = flat_closure(model, loss_fn, inputs, targets, shards)
-                    optimizer.step(closure, objective_token=token, max_evaluations=left)
-                if optimizer.last_info.get("exhausted"):
-                    break  # the budget left cannot pay for one probe pair
-                with torch.no_grad():
-                    loss = float(loss_fn(model(inputs), targets))  # monitoring only: not charged
-                history.loss.append(loss)
-                history.evaluations.append(optimizer.evaluations - spent_before)
-                history.seconds.append(time.perf_counter() - start)
-                history.info.append(dict(optimizer.last_info))
-                stalled = monitor.update(optimizer.last_info, loss)
-                if stalled:
-                    warnings.warn(stalled, RuntimeWarning, stacklevel=2)
-                spent = optimizer.evaluations - spent_before
-                bar.update(task, completed=step + 1 if steps is not None else min(spent, total),
-                           status=f"loss {loss:.4g} | evals {spent:.0f}")
-                if callback is not None:
-                    callback(step, optimizer, history)
+            run.loop(batches, bar, bar.add_task("polytope", total=steps if steps is not None else max_evaluations, status=""))
     finally:
         if evaluator is not None:
             optimizer.unregister_evaluator()
-    return history
+    return run.history
