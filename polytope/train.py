@@ -105,7 +105,7 @@ def _check_dtype(model: nn.Module, inputs: torch.Tensor) -> None:
 
 def flat_closure(model: nn.Module, loss_fn: Callable, inputs, targets, shards=None) -> Callable[..., torch.Tensor]:
     """closure(candidates (C, n), subset=None) -> (C,) losses, one functional forward per candidate
-    (this rank's range of them, all-gathered, with ``shards`` from ``distributed.sharding``)."""
+    (this rank's range of them, all-gathered, with ``shards`` from ``distributed.ranks``)."""
     names = [name for name, _ in model.named_parameters()]
     shapes = [p.shape for _, p in model.named_parameters()]
     sizes = [p.numel() for _, p in model.named_parameters()]
@@ -274,7 +274,7 @@ def train(
     """
     steps, max_evaluations, seed, batch_size = _check_arguments(model, loss_fn, steps, max_evaluations, seed, batch_size,
                                                                 progress, use_evaluator, callback)
-    shards = distributed.sharding(group)
+    shards = distributed.ranks(group)
     batches, stationary = _batches(data, batch_size, torch.Generator().manual_seed(0 if seed is None else seed))
     optimizer = _optimizer_for(model, optimizer, optimizer_options, seed, max_evaluations)
     options = dataclasses.asdict(optimizer.evaluator_options)

@@ -87,7 +87,7 @@ class NNCostEvaluator:
         self.chunk_size, self.memory_budget, self.use_inplace, self.reuse = o.chunk_size, o.memory_budget, o.use_inplace, o.reuse
         self.compile_evaluator, self.compile_forward = o.compile_evaluator, o.compile_forward
         self.autocast_dtype, self.sparse_fraction = o.candidate_autocast, o.sparse_fraction
-        self.shards = distributed.sharding(group)
+        self.shards = distributed.ranks(group)
         self.last_path: str | None = None
         self.path_counts: Counter = Counter()
         self.reset_vmap()
