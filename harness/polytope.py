@@ -268,9 +268,3 @@ def register(subparsers) -> None:
     parser.add_argument("--markdown", action="store_true", help="also print the docs' Markdown tables")
     parser.set_defaults(func=run)
 
-
-def main_args_run(argv: list[str]) -> int:
-    """``python -m harness`` with ``argv`` (the tests' entry point for this command)."""
-    from .__main__ import main
-
-    return main(argv)

@@ -3,8 +3,8 @@ import json
 import pytest
 import torch
 
+from harness.__main__ import main
 from harness.baselines import GRIDS, OPTIONAL_PACKAGES, RUNNERS, BudgetExhausted, Meter
-from harness.polytope import main_args_run
 from harness.tasks import TASK_BUILDERS
 
 
@@ -25,7 +25,7 @@ def test_batched_objective_matches_the_module_and_is_deterministic(name):
 
 def test_cli_charges_every_evaluation_and_writes_json_plot_and_markdown(tmp_path, capsys):
     out = tmp_path / "cmp.json"
-    code = main_args_run(["polytope", "--task", "rosenbrock", "--seeds", "0", "1", "--budget", "300", "--no-tune", "--markdown",
+    code = main(["polytope", "--task", "rosenbrock", "--seeds", "0", "1", "--budget", "300", "--no-tune", "--markdown",
                           "--optimizers", "polytope-defaults", "polytope", "random-search", "spsa", "--output", str(out)])
     assert code == 0
     text = capsys.readouterr().out
@@ -74,7 +74,7 @@ def test_generation_adapters_are_charged_every_candidate_and_improve(method):
 def test_a_method_whose_package_is_missing_is_skipped_with_its_name(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(OPTIONAL_PACKAGES, "ngopt", "tp_no_such_package")
     out = tmp_path / "cmp.json"
-    code = main_args_run(["polytope", "--task", "quadratic", "--seeds", "0", "--budget", "50", "--no-tune",
+    code = main(["polytope", "--task", "quadratic", "--seeds", "0", "--budget", "50", "--no-tune",
                           "--optimizers", "ngopt", "random-search", "--output", str(out)])
     assert code == 0
     assert "skipping ngopt: the optional package 'tp_no_such_package' is not installed" in capsys.readouterr().out
