@@ -77,13 +77,3 @@ class ParameterLayout:
         """The model's current parameters as one detached flat vector."""
         return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
-    def check_vector(self, flat: torch.Tensor, argument: str, batched: bool) -> None:
-        """Raise a clear error unless ``flat`` is a floating ``(n,)`` or ``(C, n)`` tensor."""
-        if not isinstance(flat, torch.Tensor):
-            raise TypeError(f"{argument} must be a torch.Tensor, got {type(flat).__name__}")
-        want = 2 if batched else 1
-        if flat.dim() != want or flat.shape[-1] != self.n:
-            shape = "(C, n)" if batched else "(n,)"
-            raise ValueError(f"{argument} must have shape {shape} with n={self.n}, got {tuple(flat.shape)}")
-        if not flat.is_floating_point():
-            raise TypeError(f"{argument} must be floating point, got {flat.dtype}")
