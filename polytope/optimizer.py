@@ -44,8 +44,7 @@ from .scoring import Scorer
 from .transport import Transport, barycentric_directions
 
 MAX_MODEL_STEP = 4.0  # without a trust region, model steps stop at this many mean probe radii
-CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(PolytopeConfig) if f.init)
-DEFAULTS = PolytopeConfig()
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(PolytopeConfig) if f.init}  # as written, before normalising
 
 
 def _config(config: PolytopeConfig | None, keywords: dict[str, Any]) -> PolytopeConfig:
@@ -54,7 +53,7 @@ def _config(config: PolytopeConfig | None, keywords: dict[str, Any]) -> Polytope
         return PolytopeConfig(**keywords)
     if not isinstance(config, PolytopeConfig):
         raise TypeError(f"config must be a PolytopeConfig or None, got {type(config).__name__}")
-    given = [k for k, v in keywords.items() if not (type(v) is type(getattr(DEFAULTS, k)) and v == getattr(DEFAULTS, k))]
+    given = [k for k, v in keywords.items() if not (type(v) is type(DEFAULTS[k]) and v == DEFAULTS[k])]
     if given:
         raise TypeError(f"pass the settings either in config= or as keywords, not both (got config and {sorted(given)})")
     return config
@@ -101,7 +100,7 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         *,
         config: PolytopeConfig | None = None,
     ):
-        self.config = c = _config(config, {k: v for k, v in locals().items() if k in CONFIG_FIELDS})
+        self.config = c = _config(config, {k: v for k, v in locals().items() if k in DEFAULTS})
         radii = c.radii or (None,)
         super().__init__(params, {"lr": c.lr, "radius": radii[0], "momentum": c.momentum})
         for group in self.param_groups:
