@@ -1,4 +1,5 @@
-"""Probe placement: parameter blocks, their frames and bases, and the candidates around the incumbent.
+"""Probe placement: parameter blocks, their frames and bases, the candidates around the incumbent,
+what a budget-limited step can afford to probe, and the record of one sweep (``ProbeRecord``).
 
 Block ``p`` owns coordinates ``index_p`` (``m_p`` of them) and a frame of
 dimension ``d_p <= m_p``, embedded by a basis ``R_p`` (``m_p x d_p``, orthonormal
