@@ -1,5 +1,6 @@
 """PolytopeConfig and EvaluatorOptions: one validated, frozen home for the settings and one rule per option."""
 import dataclasses
+import inspect
 
 import pytest
 import torch
@@ -92,3 +93,10 @@ def test_state_keys_are_those_of_earlier_saves():
     assert set(opt.state_dict()) == {
         "layout", "x", "bases", "velocity", "last_move", "scale", "trust_radius", "potentials", "model", "pending", "record",
         "step_count", "evaluations", "candidates_scored", "generator", "last_info", "groups", "temperature"}
+
+
+def test_the_optimizers_keywords_are_the_configs_fields_with_the_same_defaults():
+    signature = inspect.signature(PolytopeOptimizer.__init__).parameters
+    keywords = {name: p.default for name, p in signature.items() if name not in ("self", "params", "config")}
+    fields = {f.name: f.default for f in dataclasses.fields(PolytopeConfig) if f.init}
+    assert keywords == fields
