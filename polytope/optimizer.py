@@ -100,8 +100,7 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         *,
         config: PolytopeConfig | None = None,
     ):
-        keywords = {k: v for k, v in locals().items() if k in DEFAULTS}  # every keyword above, by name
-        self.config = c = _config(config, keywords)
+        self.config = c = _config(config, {k: v for k, v in locals().items() if k in DEFAULTS})  # the keywords, by name
         radii = c.radii or (None,)
         super().__init__(params, {"lr": c.lr, "radius": radii[0], "momentum": c.momentum})
         for group in self.param_groups:
