@@ -95,13 +95,12 @@ class _Ridge(RegressorMixin, Estimator):
             coef[:, cols], info = solve(Y[:, cols].contiguous())
             infos.append(info)
 
-        def adjoint(G):
+        def adjoint(G):  # the backward pass's solve: reports non-convergence, writes nothing on the estimator
             lam, adjoint_infos = torch.empty_like(G), []
             for cols, solve in groups:
                 lam[:, cols], info = solve(G[:, cols].contiguous())
                 adjoint_infos.append(info)
-            self.adjoint_info_ = _merge(adjoint_infos, [c for c, _ in groups], G.shape[1])
-            self._report(self.adjoint_info_, "the adjoint solve of the backward pass")
+            self._report(_merge(adjoint_infos, [c for c, _ in groups], G.shape[1]), "the adjoint solve of the backward pass")
             return lam
 
         info = _merge(infos, [c for c, _ in groups], Y.shape[1])
@@ -110,7 +109,9 @@ class _Ridge(RegressorMixin, Estimator):
         return coef, info, adjoint
 
     def _cg(self, operator, preconditioner, rtol, exact=None):
-        return lambda R: cg(operator, R, M=preconditioner, rtol=rtol, atol=self.atol, maxiter=self.maxiter, exact=exact)
+        """``solve(R)`` by CG with this fit's settings (taken now: the adjoint solve of a later backward uses them too)."""
+        atol, maxiter = self.atol, self.maxiter
+        return lambda R: cg(operator, R, M=preconditioner, rtol=rtol, atol=atol, maxiter=maxiter, exact=exact)
 
     def _predict_with(self, X, centres: torch.Tensor, coef: torch.Tensor, rows: slice | None = None):
         out, numpy_out = self._times(X, centres, coef, rows)
