@@ -14,6 +14,7 @@ from .base import (
     check_labels,
     check_points,
     check_positive,
+    one_of,
 )
 from .krylov import KrylovInfo, cg, fix_signs, golub_kahan_svds, lanczos_eigsh
 from .operators import Centred, Shifted
@@ -26,11 +27,6 @@ __all__ = ["KernelPCA", "KernelLDA", "KernelSVD"]
 def _direct_info(k: int, dtype) -> KrylovInfo:
     return KrylovInfo(residuals=torch.zeros(k, dtype=dtype), converged=True, reason="direct",
                       column_converged=torch.ones(k, dtype=torch.bool))
-
-
-def _check_width(search_width) -> None:
-    if not isinstance(search_width, int) or isinstance(search_width, bool) or search_width < 0:
-        raise ValueError(f"search_width must be a non-negative int, got {search_width!r}")
 
 
 class KernelPCA(TransformerMixin, Estimator):
@@ -52,11 +48,9 @@ class KernelPCA(TransformerMixin, Estimator):
 
     def fit(self, X, y=None):
         self._check_common()
-        _check_width(self.search_width)
         X = self._fit_rows(X)[0].detach()
         self.source_ = self._resolve_source(X.shape[0])
-        K = self._source("stored" if self.source_ == "direct" else self.source_, X,
-                         tile_dtype=self._tile_dtype(X.dtype, refined=False))
+        K = self.make_sources("stored" if self.source_ == "direct" else self.source_, X, fast="asked")[1]
         X, self._rows = _whole(K, X)
         n = X.shape[0]
         k = check_count(self.n_components, "n_components", n, "at most the number of samples")
@@ -146,16 +140,16 @@ class KernelLDA(ClassifierMixin, TransformerMixin, Estimator):
         self.rtol, self.atol, self.maxiter, self.chunk_size = rtol, atol, maxiter, chunk_size
         self.tile_dtype, self.random_state = tile_dtype, random_state
 
+    _parameters = {"preconditioner": one_of(None, "nystrom")}
+
     def fit(self, X, y):
         self._check_common()
-        if self.preconditioner not in (None, "nystrom"):
-            raise ValueError(f"preconditioner must be None or 'nystrom', got {self.preconditioner!r}")
         reg = check_positive(self.regularization, "regularization")
         X, classes, labels = self._fit_rows(X, lambda X: check_labels(y, X.shape[0]))
         X = X.detach()
         self.source_ = self._resolve_source(X.shape[0])
         # N = K H K squares K's conditioning: float32 tiles only when asked for (they cost more iterations)
-        K, fast = self._sources("stored" if self.source_ == "direct" else self.source_, X, refined=False)
+        K, fast = self.make_sources("stored" if self.source_ == "direct" else self.source_, X, fast="asked")
         X, self._rows = _whole(K, X)
         if self._rows is not None:  # every rank's labels, in rank order
             classes, labels = _gather_labels(classes[labels.numpy()] if isinstance(classes, np.ndarray)
@@ -248,7 +242,6 @@ class KernelSVD(Estimator):
 
     def fit(self, X, Y=None):
         self._check_common()
-        _check_width(self.search_width)
         X = self._fit_rows(X)[0].detach()
         if Y is not None:  # a second point set, replicated on every rank of a sharded fit
             Y = self._agreed(lambda: check_points(Y, "Y", estimator=self, n_features=X.shape[1], dtype=X.dtype)[0].detach())
@@ -256,11 +249,11 @@ class KernelSVD(Estimator):
         if self.source_ == "direct":
             Y = X if Y is None else Y
             k = check_count(self.n_components, "n_components", min(X.shape[0], Y.shape[0]), "at most min(n_X, n_Y)")
-            U, s, Vt = torch.linalg.svd(self._source("stored", X, Y).matrix, full_matrices=False)
+            U, s, Vt = torch.linalg.svd(self.make_sources("stored", X, Y)[0].matrix, full_matrices=False)
             signs = fix_signs(U[:, :k])
             s, left, right, info = s[:k], U[:, :k] * signs, Vt[:k].T * signs, _direct_info(k, X.dtype)
         else:
-            K = self._source(self.source_, X, Y, tile_dtype=self._tile_dtype(X.dtype, refined=False))
+            K = self.make_sources(self.source_, X, Y, fast="asked")[1]
             k = check_count(self.n_components, "n_components", min(K.shape), "at most min(n_X, n_Y)")
             s, left, right, info = golub_kahan_svds(K, k,
                                                     search_width=self.search_width, rtol=self._rtol(X.dtype),
