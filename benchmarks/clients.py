@@ -55,14 +55,12 @@ def _sinkhorn(n: int, dtype, backend: str):
     return call
 
 
-def _gp(n: int, dtype, backend: str, predict: bool):
-    import gpytorch
-    import torch
+def exact_gp(gpytorch, kernel, x, y):
+    """GPyTorch's exact GP regression model (constant mean, scaled ``kernel``, Gaussian likelihood) on ``(x, y)``.
 
-    x = _points(n, dtype, 0)
-    y = torch.sin(6 * x).sum(-1) + 0.1 * torch.randn(n, generator=torch.Generator().manual_seed(2)).to(dtype)
-    kernel = gpytorch.kernels.RBFKernel() if backend == "dense" else gpytorch.kernels.keops.RBFKernel()
-
+    ``gpytorch`` is passed in: it binds pykeops at import, so the caller imports it under the backend it
+    measures (tests/clients imports it over ``lazytensor.keops.install()`` and uses this model too).
+    """
     class GP(gpytorch.models.ExactGP):
         def __init__(self):
             super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood())
@@ -71,7 +69,17 @@ def _gp(n: int, dtype, backend: str, predict: bool):
         def forward(self, z):
             return gpytorch.distributions.MultivariateNormal(self.mean(z), self.covar(z))
 
-    model = GP().to(dtype)
+    return GP()
+
+
+def _gp(n: int, dtype, backend: str, predict: bool):
+    import gpytorch
+    import torch
+
+    x = _points(n, dtype, 0)
+    y = torch.sin(6 * x).sum(-1) + 0.1 * torch.randn(n, generator=torch.Generator().manual_seed(2)).to(dtype)
+    kernel = gpytorch.kernels.RBFKernel() if backend == "dense" else gpytorch.kernels.keops.RBFKernel()
+    model = exact_gp(gpytorch, kernel, x, y).to(dtype)
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
     x_test = _points(1000, dtype, 3)
 

@@ -29,7 +29,34 @@ def _direct_info(k: int, dtype) -> KrylovInfo:
                       column_converged=torch.ones(k, dtype=torch.bool))
 
 
-class KernelPCA(TransformerMixin, Estimator):
+def _leading_eigh(S: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest eigenpairs of a symmetric matrix, in decreasing order."""
+    values, vectors = torch.linalg.eigh(S)
+    return values.flip(0)[:k], vectors.flip(1)[:, :k]
+
+
+class _Spectral(Estimator):
+    """What the spectral fits share: their kernel sources and how a fit ends.
+
+    Their iterations evaluate tiles in the data's dtype unless ``tile_dtype``
+    asks otherwise (Lanczos and Golub-Kahan do not refine against exact
+    products), and ``source="direct"`` is the stored matrix, factored densely.
+    """
+
+    def _kernel_sources(self, X, Y=None, *, n: int | None = None):
+        """``(exact, fast)`` sources of ``K(X, Y)``; ``n``: the size ``source="auto"`` decides on (default: X's rows)."""
+        self.source_ = self._resolve_source(X.shape[0] if n is None else n)
+        return self.make_sources("stored" if self.source_ == "direct" else self.source_, X, Y, fast="asked")
+
+    def _done(self, info, what: str, **learned):
+        """Publish the learned attributes and ``info_``; warn if ``what`` did not converge."""
+        self._publish(**learned)
+        self.info_ = info
+        self._report(info, what)
+        return self
+
+
+class KernelPCA(TransformerMixin, _Spectral):
     """Leading eigenpairs of the centred kernel ``H K H`` (``H = I - 11^T / n``), as in scikit-learn.
 
     The centring is applied inside the operator (``H (K (H V))``), never to a
@@ -49,26 +76,22 @@ class KernelPCA(TransformerMixin, Estimator):
     def fit(self, X, y=None):
         self._check_common()
         X = self._fit_rows(X)[0].detach()
-        self.source_ = self._resolve_source(X.shape[0])
-        K = self.make_sources("stored" if self.source_ == "direct" else self.source_, X, fast="asked")[1]
+        K = self._kernel_sources(X)[1]
         X, self._rows = _whole(K, X)
         n = X.shape[0]
         k = check_count(self.n_components, "n_components", n, "at most the number of samples")
         column_means = K.matmul_nograd(torch.full((n, 1), 1.0 / n, dtype=X.dtype, device=X.device)).squeeze(1)
         if self.source_ == "direct":
             Kc = K.matrix - column_means[:, None] - column_means[None, :] + column_means.mean()
-            values, vectors = torch.linalg.eigh(Kc)
-            values, vectors = values.flip(0)[:k], vectors.flip(1)[:, :k]
+            values, vectors = _leading_eigh(Kc, k)
             vectors = vectors * fix_signs(vectors)
             info = _direct_info(k, X.dtype)
         else:
             values, vectors, info = lanczos_eigsh(Centred(K), k, search_width=self.search_width,
                                                   rtol=self._rtol(X.dtype), maxiter=self.maxiter,
                                                   random_state=self.random_state)
-        self._publish(X_fit=X, eigenvalues=values, eigenvectors=vectors, column_means=column_means)
-        self.info_ = info
-        self._report(info, "the eigensolver")
-        return self
+        return self._done(info, "the eigensolver", X_fit=X, eigenvalues=values, eigenvectors=vectors,
+                          column_means=column_means)
 
     def fit_transform(self, X, y=None):
         self.fit(X)
@@ -115,7 +138,7 @@ class _WithinClass(Source):
         return self.K.matmul_nograd(self.centre(self.K.columns(idx)))
 
 
-class KernelLDA(ClassifierMixin, TransformerMixin, Estimator):
+class KernelLDA(ClassifierMixin, TransformerMixin, _Spectral):
     """Kernel Fisher discriminant (Mika et al. 1999).
 
     With class means of kernel columns ``m_c`` and their mean ``m``, the
@@ -147,9 +170,7 @@ class KernelLDA(ClassifierMixin, TransformerMixin, Estimator):
         reg = check_positive(self.regularization, "regularization")
         X, classes, labels = self._fit_rows(X, lambda X: check_labels(y, X.shape[0]))
         X = X.detach()
-        self.source_ = self._resolve_source(X.shape[0])
-        # N = K H K squares K's conditioning: float32 tiles only when asked for (they cost more iterations)
-        K, fast = self.make_sources("stored" if self.source_ == "direct" else self.source_, X, fast="asked")
+        K, fast = self._kernel_sources(X)  # N = K H K squares K's conditioning: float32 tiles cost more iterations
         X, self._rows = _whole(K, X)
         if self._rows is not None:  # every rank's labels, in rank order
             classes, labels = _gather_labels(classes[labels.numpy()] if isinstance(classes, np.ndarray)
@@ -180,17 +201,13 @@ class KernelLDA(ClassifierMixin, TransformerMixin, Estimator):
             Z, info = cg(Shifted(fast_within, reg), rhs, M=M, rtol=self._rtol(X.dtype), atol=self.atol,
                          maxiter=self.maxiter, exact=Shifted(within, reg))
         small = rhs.T @ Z
-        values, vectors = torch.linalg.eigh((small + small.T) / 2)
-        values, vectors = values.flip(0)[:k], vectors.flip(1)[:, :k]
+        values, vectors = _leading_eigh((small + small.T) / 2, k)
         directions = Z @ vectors / values.clamp_min(torch.finfo(X.dtype).tiny).sqrt()
         directions = directions * fix_signs(directions)
         projected = K.matmul_nograd(directions)
-        self._publish(X_fit=X, eigenvalues=values, eigenvectors=directions,
-                      class_means=(onehot.T @ projected) / counts[:, None])
         self.classes_ = classes if isinstance(classes, np.ndarray) else as_output(classes, self._numpy)
-        self.info_ = info
-        self._report(info, "the within-class solve")
-        return self
+        return self._done(info, "the within-class solve", X_fit=X, eigenvalues=values, eigenvectors=directions,
+                          class_means=(onehot.T @ projected) / counts[:, None])
 
     def _project(self, X) -> tuple[torch.Tensor, bool]:
         self._check_fitted("eigenvectors")
@@ -225,7 +242,7 @@ def _gather_labels(mine, sharding):
     return check_labels(whole, len(whole))
 
 
-class KernelSVD(Estimator):
+class KernelSVD(_Spectral):
     """Leading singular triplets of the rectangular kernel ``K(X, Y)`` by block Golub-Kahan-Lanczos.
 
     ``fit(X, Y)`` with ``Y`` a second point set ((m, d)); ``Y=None`` factors
@@ -245,20 +262,14 @@ class KernelSVD(Estimator):
         X = self._fit_rows(X)[0].detach()
         if Y is not None:  # a second point set, replicated on every rank of a sharded fit
             Y = self._agreed(lambda: check_points(Y, "Y", estimator=self, n_features=X.shape[1], dtype=X.dtype)[0].detach())
-        self.source_ = self._resolve_source(max(X.shape[0], X.shape[0] if Y is None else Y.shape[0]))
+        K = self._kernel_sources(X, Y, n=max(X.shape[0], X.shape[0] if Y is None else Y.shape[0]))[1]
+        k = check_count(self.n_components, "n_components", min(K.shape), "at most min(n_X, n_Y)")
         if self.source_ == "direct":
-            Y = X if Y is None else Y
-            k = check_count(self.n_components, "n_components", min(X.shape[0], Y.shape[0]), "at most min(n_X, n_Y)")
-            U, s, Vt = torch.linalg.svd(self.make_sources("stored", X, Y)[0].matrix, full_matrices=False)
+            U, s, Vt = torch.linalg.svd(K.matrix, full_matrices=False)
             signs = fix_signs(U[:, :k])
             s, left, right, info = s[:k], U[:, :k] * signs, Vt[:k].T * signs, _direct_info(k, X.dtype)
         else:
-            K = self.make_sources(self.source_, X, Y, fast="asked")[1]
-            k = check_count(self.n_components, "n_components", min(K.shape), "at most min(n_X, n_Y)")
             s, left, right, info = golub_kahan_svds(K, k,
                                                     search_width=self.search_width, rtol=self._rtol(X.dtype),
                                                     maxiter=self.maxiter, random_state=self.random_state)
-        self._publish(singular_values=s, left_vectors=left, right_vectors=right)
-        self.info_ = info
-        self._report(info, "the singular value solver")
-        return self
+        return self._done(info, "the singular value solver", singular_values=s, left_vectors=left, right_vectors=right)
