@@ -125,16 +125,17 @@ def run_one(workload: str, backend: str, n: int, dtype_name: str, threads: int, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from common import arguments, parse  # here: tests import this module as benchmarks.clients
+
+    parser = arguments(__doc__, threads=1)
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2, help="steady-state calls after the first")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per (workload, backend) run")
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "BACKEND"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse(parser)
     if args.child:
         print(json.dumps(run_one(*args.child, args.n, args.dtype, args.threads, args.repeats)))
         return
