@@ -200,7 +200,7 @@ class _Probes:
     """Seeded data and candidate batches for the path table (one generator: the same cases every run)."""
 
     def __init__(self, dtype, device):
-        from polytope.candidates import CandidateBatch, CandidateGroup
+        from polytope import CandidateBatch, CandidateGroup
         from polytope.param_layout import ParameterLayout
 
         self.batch_type, self.group, self.layout = CandidateBatch, CandidateGroup, ParameterLayout
@@ -252,7 +252,7 @@ def _models(dtype, device) -> dict[str, nn.Module]:
 
 def path_cases(dtype, device, batch: int) -> list[PathCase]:
     """The path table's cases, in the evaluator's selection order, and one row per model kind the tests cover."""
-    from polytope.subspaces import FactoredSubspace, HybridSubspace
+    from polytope import FactoredSubspace, HybridSubspace
 
     p = _Probes(dtype, device)
 
@@ -294,7 +294,7 @@ def paths_benchmark(args, dtype, device, compiled: bool) -> dict:
     """
     import warnings
 
-    from polytope.evaluators import NNCostEvaluator
+    from polytope import NNCostEvaluator
 
     rows = {}
     table = Table(title=f"candidate evaluation paths ({'compiled' if compiled else 'eager'}, {args.dtype}, {device}, "
@@ -369,12 +369,7 @@ SEED_CPU_MS = {"hidden 64, full space": 39.23, "hidden 256, full space": 659.79,
 
 def prefix_benchmark(args, dtype, device) -> dict:
     """Complete optimizer steps: orthoplex, per-tensor blocks with an 8-dim frame each, one radius."""
-    try:
-        from polytope.optimizer import PolytopeOptimizer
-    except ImportError as exc:
-        raise BenchmarkError(f"--prefix needs polytope.optimizer ({exc})") from exc
-    from polytope.evaluators import NNCostEvaluator
-    from polytope.subspaces import HybridSubspace
+    from polytope import HybridSubspace, NNCostEvaluator, PolytopeOptimizer
 
     records, table = {}, Table(title=f"MLP optimizer steps, batch {args.batch}, {args.dtype}, "
                                      f"{torch.get_num_threads()} thread(s) (ms per step)")
