@@ -1,4 +1,4 @@
-"""What every estimator shares: scikit-learn citizenship, input conversion and checks, sources, warnings.
+"""What every estimator shares: scikit-learn citizenship, the hyper-parameter table, input checks, sources, warnings.
 
 With scikit-learn installed the estimators are real scikit-learn estimators
 (``BaseEstimator`` and the regressor / classifier / transformer mixins: tags,

@@ -1,4 +1,4 @@
-"""Spectral kernel estimators: PCA (centred kernel), Fisher discriminant (LDA) and SVD."""
+"""Spectral kernel estimators: PCA (centred kernel), Fisher discriminant (LDA) and SVD, on one _Spectral base."""
 from __future__ import annotations
 
 import numpy as np
