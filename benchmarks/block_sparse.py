@@ -9,13 +9,12 @@ same engine (backend "auto"); the sparse one skips the dropped blocks. Prints on
 seconds over shuffled rounds (warm-up and cluster preprocessing timed apart), the speed-up, the
 kept fraction of pairs, and the relative error of the sparse result against the dense one.
 """
-import argparse
-import json
 import random
 import statistics
 import time
 
 import torch
+from common import arguments, emit, parse
 
 import lazytensor as lt
 from lazytensor import cluster
@@ -29,7 +28,7 @@ def clustered(n: int, clusters: int, gen: torch.Generator, dtype) -> torch.Tenso
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__)
     parser.add_argument("--n", type=int, default=50_000)
     parser.add_argument("--clusters", type=int, default=64)
     parser.add_argument("--sigma", type=float, default=1.0)
@@ -38,9 +37,7 @@ def main() -> None:
     parser.add_argument("--channels", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backward", action="store_true", help="time forward + backward (gradient in x)")
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse(parser)
     gen = torch.Generator().manual_seed(0)
     dtype = torch.float32
     x, y = clustered(args.n, args.clusters, gen, dtype), clustered(args.n, args.clusters, gen, dtype)
@@ -86,7 +83,7 @@ def main() -> None:
     if args.backward:
         record["relative_error_grad"] = float((sparse_grad - dense_grad).norm() / dense_grad.norm())
     record["speedup"] = record["dense_s"] / record["sparse_s"]
-    print(json.dumps(record))
+    emit(record)
 
 
 if __name__ == "__main__":

@@ -55,14 +55,12 @@ def _sinkhorn(n: int, dtype, backend: str):
     return call
 
 
-def _gp(n: int, dtype, backend: str, predict: bool):
-    import gpytorch
-    import torch
+def exact_gp(gpytorch, kernel, x, y):
+    """GPyTorch's exact GP regression model (constant mean, scaled ``kernel``, Gaussian likelihood) on ``(x, y)``.
 
-    x = _points(n, dtype, 0)
-    y = torch.sin(6 * x).sum(-1) + 0.1 * torch.randn(n, generator=torch.Generator().manual_seed(2)).to(dtype)
-    kernel = gpytorch.kernels.RBFKernel() if backend == "dense" else gpytorch.kernels.keops.RBFKernel()
-
+    ``gpytorch`` is passed in: it binds pykeops at import, so the caller imports it under the backend it
+    measures (tests/clients imports it over ``lazytensor.keops.install()`` and uses this model too).
+    """
     class GP(gpytorch.models.ExactGP):
         def __init__(self):
             super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood())
@@ -71,7 +69,17 @@ def _gp(n: int, dtype, backend: str, predict: bool):
         def forward(self, z):
             return gpytorch.distributions.MultivariateNormal(self.mean(z), self.covar(z))
 
-    model = GP().to(dtype)
+    return GP()
+
+
+def _gp(n: int, dtype, backend: str, predict: bool):
+    import gpytorch
+    import torch
+
+    x = _points(n, dtype, 0)
+    y = torch.sin(6 * x).sum(-1) + 0.1 * torch.randn(n, generator=torch.Generator().manual_seed(2)).to(dtype)
+    kernel = gpytorch.kernels.RBFKernel() if backend == "dense" else gpytorch.kernels.keops.RBFKernel()
+    model = exact_gp(gpytorch, kernel, x, y).to(dtype)
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
     x_test = _points(1000, dtype, 3)
 
@@ -117,16 +125,17 @@ def run_one(workload: str, backend: str, n: int, dtype_name: str, threads: int, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from common import arguments, parse  # here: tests import this module as benchmarks.clients
+
+    parser = arguments(__doc__, threads=1)
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2, help="steady-state calls after the first")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per (workload, backend) run")
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "BACKEND"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse(parser)
     if args.child:
         print(json.dumps(run_one(*args.child, args.n, args.dtype, args.threads, args.repeats)))
         return

@@ -11,12 +11,13 @@ process over the cache run 1 left (warm disk cache); run 3 a fresh process,
 same cache, a formula not compiled before (``1 / (1 + |x_i - y_j|^2) @ b``:
 a user's next new formula). Prints one JSON line per run.
 """
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
+
+from common import arguments, parse
 
 CHILD = r"""
 import json, sys, time, torch
@@ -43,10 +44,9 @@ print(json.dumps(out))
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = arguments(__doc__)
     p.add_argument("--n", type=int, default=4096)
-    p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args()
+    args = parse(p)
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
         for label, formula in (("cold", "gaussian"), ("warm", "gaussian"), ("new formula", "cauchy")):

@@ -15,7 +15,6 @@ Cases, each checked against the single-process result before it is timed:
 
 Prints the best-of-repeats seconds for 1 and 2 processes and the speed-up.
 """
-import argparse
 import os
 import tempfile
 import time
@@ -23,6 +22,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from common import arguments, parse
 
 import lazytensor as lt
 
@@ -134,13 +134,13 @@ def run(world, args):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = arguments(__doc__, threads=None)
     p.add_argument("--n", type=int, default=16384)
     p.add_argument("--ridge-n", type=int, default=0, help="also run the sharded fits at this size (0: skip)")
     p.add_argument("--fits", default="ridge", help="comma-separated fits: ridge, landmark, pca")
     p.add_argument("--polytope-samples", type=int, default=0, help="also time polytope.train steps on this many samples")
     p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args()
+    args = parse(p)
     one, two = run(1, args), run(2, args)
     for name in one:
         (t1, n1), (t2, n2) = one[name], two[name]

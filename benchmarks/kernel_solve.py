@@ -7,24 +7,22 @@ right-hand sides, default solve options. Prints one JSON line per (dtype, alpha)
 number of K + alpha I, the relative residual and the relative error of the solution against
 ``torch.linalg.solve`` in float64, the seconds of the solve, and whether CG warned.
 """
-import argparse
 import json
 import time
 import warnings
 
 import torch
+from common import arguments, parse
 
 import lazytensor as lt
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__, threads=1)
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--dtype", choices=["float32", "float64"], action="append")
     parser.add_argument("--alpha", type=float, action="append")
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse(parser)
     for dtype in [getattr(torch, d) for d in (args.dtype or ["float64", "float32"])]:
         for alpha in args.alpha or [0.1, 0.001]:
             gen = torch.Generator().manual_seed(0)

@@ -13,12 +13,11 @@ R^2 of the held-out predictions against the noise-free target, next to an exact
 ``KernelRidge`` fitted on the first ``--reference-n`` points (not timed; 0 skips it).
 Peak RSS is the process's (``ru_maxrss``), with its value before the fit.
 """
-import argparse
-import json
 import resource
 import time
 
 import torch
+from common import arguments, emit, parse
 
 from solvers import RBF, KernelRidge, LandmarkRidge
 
@@ -38,14 +37,12 @@ def peak_rss_mib():
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = arguments(__doc__)
     p.add_argument("--n", type=int, default=1_000_000)
     p.add_argument("--m", type=int, default=4096)
     p.add_argument("--queries", type=int, default=10_000)
     p.add_argument("--reference-n", type=int, default=16384)
-    p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse(p)
     gen = torch.Generator().manual_seed(0)
     X = torch.randn(args.n, 8, generator=gen, dtype=torch.float64)
     y = target(X) + 0.1 * torch.randn(args.n, generator=gen, dtype=torch.float64)
@@ -71,7 +68,7 @@ def main():
         ref = KernelRidge(kernel, alpha=LAMBDA * args.reference_n).fit(X[:args.reference_n], y[:args.reference_n])
         record["reference_n"] = args.reference_n
         record["reference_held_out_r2"] = r2(ref.predict(Xq), target(Xq))
-    print(json.dumps(record))
+    emit(record)
 
 
 if __name__ == "__main__":

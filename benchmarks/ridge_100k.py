@@ -5,20 +5,17 @@ a rank-2048 pivoted-Cholesky Nystrom preconditioner). Takes about 10 minutes on 
 (docs/solvers.md has the recorded run); `python -m harness ml` is meant for sizes where a dense
 reference can be checked. `--threads N` sets torch's threads (default 2).
 """
-import argparse
-import json
 import resource
 import time
 
 import torch
+from common import arguments, emit, parse
 
 from solvers import RBF, KernelRidge
 
-parser = argparse.ArgumentParser(description=__doc__)
-parser.add_argument("--threads", type=int, default=2)
+parser = arguments(__doc__)
 parser.add_argument("--n", type=int, default=100_000)
-args = parser.parse_args()
-torch.set_num_threads(args.threads)
+args = parse(parser)
 gen = torch.Generator().manual_seed(0)
 n = args.n
 X = torch.randn(n, 8, generator=gen, dtype=torch.float64)
@@ -32,9 +29,9 @@ prediction = model.predict(Xq)
 seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 info = model.info_
-print(json.dumps({
+emit({
     "n": n, "d": 8, "seconds": seconds, "cpu_seconds": cpu_seconds, "iterations": info.iterations,
     "matvecs": info.matvecs, "converged": bool(info.converged), "reason": info.reason,
     "relative_residuals": (info.residuals / Y.norm(dim=0)).tolist(),
     "peak_rss_growth_mib": (peak - before) / 2**20, "threads": torch.get_num_threads(),
-}))
+})

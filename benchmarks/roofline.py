@@ -14,10 +14,10 @@ fraction of it the streamed product achieves. Usage:
 
     python benchmarks/roofline.py [--n 16384] [--d 3] [--channels 16] [--threads 2]
 """
-import argparse
 import time
 
 import torch
+from common import arguments, parse
 
 import lazytensor as lt
 
@@ -33,13 +33,11 @@ def best_of(fn, repeats=5):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = arguments(__doc__)
     p.add_argument("--n", type=int, default=16384)
     p.add_argument("--d", type=int, default=3)
     p.add_argument("--channels", type=int, default=16)
-    p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse(p)
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
     sgemm = 2 * 2048**3 / best_of(lambda: torch.mm(a, b))
     z = torch.randn(1 << 18)  # 1 MiB: cache-resident, as a tile is

@@ -13,18 +13,19 @@ preconditioner (rank r = min(2048, 8 sqrt(n))) is built and applied on every
 rank, ``--flop-rate`` flops per second: its set-up (randomly pivoted Cholesky,
 ~n r^2) and its application (~4 n r per iteration). Prints a markdown table.
 """
-import argparse
 import math
+
+from common import arguments, parse
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = arguments(__doc__, threads=None)
     p.add_argument("--pair-rate", type=float, default=5.6e8)
     p.add_argument("--bandwidth", type=float, default=10e9)
     p.add_argument("--latency", type=float, default=50e-6)
     p.add_argument("--targets", type=int, default=1)
     p.add_argument("--flop-rate", type=float, default=2e10)
-    args = p.parse_args()
+    args = parse(p)
     print("| n | ranks P | pairs per rank | kernel s | received per rank | communication s | preconditioner s "
           "(replicated) | set-up s (replicated, once) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -196,70 +196,93 @@ class PathCase:
     options: dict = field(default_factory=dict)
 
 
-def path_cases(dtype, device, batch: int) -> list[PathCase]:
-    """The path table's cases, in the evaluator's selection order, and one row per model kind the tests cover."""
-    from polytope.candidates import CandidateBatch, CandidateGroup
-    from polytope.param_layout import ParameterLayout
-    from polytope.subspaces import FactoredSubspace, HybridSubspace
+class _Probes:
+    """Seeded data and candidate batches for the path table (one generator: the same cases every run)."""
 
-    gen = torch.Generator().manual_seed(0)
+    def __init__(self, dtype, device):
+        from polytope import CandidateBatch, CandidateGroup
+        from polytope.param_layout import ParameterLayout
 
-    def data(*shape):
-        return torch.randn(*shape, generator=gen).to(device, dtype)
+        self.batch_type, self.group, self.layout = CandidateBatch, CandidateGroup, ParameterLayout
+        self.gen, self.dtype, self.device = torch.Generator().manual_seed(0), dtype, device
 
-    def noise(*shape):
-        return 0.05 * data(*shape)
+    def data(self, *shape):
+        return torch.randn(*shape, generator=self.gen).to(self.device, self.dtype)
 
-    def blocks(model, name, size, count, number=1):
+    def noise(self, *shape):
+        return 0.05 * self.data(*shape)
+
+    def indices(self, start, stop):
+        return torch.arange(start, stop, device=self.device)
+
+    def blocks(self, model, name, size, count, number=1):
         """Orthoplex-like probes: ``number`` blocks of ``size`` coordinates of one tensor, ``count`` candidates each."""
-        base = ParameterLayout(model).flatten(model)
-        slot = ParameterLayout(model).by_name[name]
+        base = self.layout(model).flatten(model)
+        slot = self.layout(model).by_name[name]
         step = max(size, (slot.numel - size) // max(number - 1, 1))
         starts = [slot.start + b * step for b in range(number)]
-        groups = [CandidateGroup(torch.arange(a, a + size, device=device), noise(count, size)) for a in starts]
-        return CandidateBatch(base, groups)
+        return self.batch_type(base, [self.group(self.indices(a, a + size), self.noise(count, size)) for a in starts])
+
+    def subspace(self, model, subspace):
+        """One group per subspace block, ``2 min(dim, 8)`` candidates each."""
+        return self.batch_type(self.layout(model).flatten(model),
+                               [self.group(self.indices(b.offset, b.offset + b.dim), self.noise(2 * min(b.dim, 8), b.dim))
+                                for b in subspace.blocks], subspace)
+
+    def tail(self, model, count):
+        """``count`` candidates moving the last two parameter tensors (the last layer)."""
+        layout = self.layout(model)
+        tail = self.indices(layout.slots[-2].start, layout.n)
+        return self.batch_type(layout.flatten(model), [self.group(tail, self.noise(count, tail.numel()))])
+
+
+def _models(dtype, device) -> dict[str, nn.Module]:
+    """The model kinds the path table covers, besides the 16-256-4 MLP."""
+    def to(module):
+        return module.to(device, dtype)
+
+    return {"last": to(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256),
+                                     nn.ReLU(), nn.Linear(256, 10))),
+            "conv": to(nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                                     nn.Flatten(), nn.Linear(16 * 8 * 8, 10))),
+            "attention": to(SelfAttention()),
+            "batchnorm": to(nn.Sequential(nn.Linear(16, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 4))).train(),
+            "datadep": to(DataDependent())}
+
+
+def path_cases(dtype, device, batch: int) -> list[PathCase]:
+    """The path table's cases, in the evaluator's selection order, and one row per model kind the tests cover."""
+    from polytope import FactoredSubspace, HybridSubspace
+
+    p = _Probes(dtype, device)
 
     def case(name, model, loss, x, y, batch_=None, flat=None, **options):
         return PathCase(name, model, loss, x, y, batch_.materialize() if flat is None else flat, batch_, options)
 
     net = mlp(16, 256, 4).to(device, dtype)
-    x, y = data(batch, 16), data(batch, 4)
-    layout = ParameterLayout(net)
+    x, y = p.data(batch, 16), p.data(batch, 4)
+    layout = p.layout(net)
     base = layout.flatten(net)
-
-    def subspace_batch(subspace):
-        return CandidateBatch(base, [CandidateGroup(torch.arange(b.offset, b.offset + b.dim, device=device),
-                                                    noise(2 * min(b.dim, 8), b.dim))
-                                     for b in subspace.blocks], subspace)
-
-    dense = noise(64, layout.n)
-    everything = CandidateBatch(base, [CandidateGroup(torch.arange(layout.n, device=device), dense)])
+    dense = p.noise(64, layout.n)
+    everything = p.batch_type(base, [p.group(p.indices(0, layout.n), dense)])
     hybrid = HybridSubspace.from_layout(net, rank=8, max_subspace_dim=512)
-    last = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                         nn.Linear(256, 10)).to(device, dtype)
-    last_layout = ParameterLayout(last)
-    tail = torch.arange(last_layout.slots[-2].start, last_layout.n, device=device)
-    last_batch = CandidateBatch(last_layout.flatten(last), [CandidateGroup(tail, noise(256, tail.numel()))])
-
-    conv = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
-                         nn.Flatten(), nn.Linear(16 * 8 * 8, 10)).to(device, dtype)
-    attention = SelfAttention().to(device, dtype)
-    batchnorm = nn.Sequential(nn.Linear(16, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 4)).to(device, dtype).train()
-    datadep = DataDependent().to(device, dtype)
-    labels = torch.randint(0, 10, (batch,), generator=gen).to(device)
+    m = _models(dtype, device)
+    last_batch = p.tail(m["last"], 256)
+    labels = torch.randint(0, 10, (batch,), generator=p.gen).to(device)
     return [
-        case("inplace", net, F.mse_loss, x, y, blocks(net, "2.weight", 64, 8, number=2), use_inplace=True),
-        case("sparse_delta", net, F.mse_loss, x, y, blocks(net, "2.weight", 64, 128, number=4)),
-        case("subspace_delta", net, F.mse_loss, x, y, subspace_batch(hybrid)),
-        case("factored", net, F.mse_loss, x, y, subspace_batch(FactoredSubspace(net, rank=4))),
+        case("inplace", net, F.mse_loss, x, y, p.blocks(net, "2.weight", 64, 8, number=2), use_inplace=True),
+        case("sparse_delta", net, F.mse_loss, x, y, p.blocks(net, "2.weight", 64, 128, number=4)),
+        case("subspace_delta", net, F.mse_loss, x, y, p.subspace(net, hybrid)),
+        case("factored", net, F.mse_loss, x, y, p.subspace(net, FactoredSubspace(net, rank=4))),
         case("dense_bmm", net, F.mse_loss, x, y, everything, flat=base + dense),
-        case("last layer (issue 14)", last, F.cross_entropy, data(batch, 64), labels, last_batch),
-        case("vmap (reuse=False)", net, F.mse_loss, x, y, blocks(net, "2.weight", 64, 128, number=4), reuse=False),
-        case("site_vmap (CNN)", conv, F.cross_entropy, data(batch, 3, 8, 8), labels, blocks(conv, "2.weight", 64, 32)),
-        case("site_vmap (attention)", attention, F.cross_entropy, data(batch, 16, 32), labels % 4,
-             blocks(attention, "proj.weight", 64, 32)),
-        case("sequential (BatchNorm)", batchnorm, F.mse_loss, x, y, blocks(batchnorm, "3.weight", 64, 32)),
-        case("sequential (not vmappable)", datadep, F.mse_loss, x, y, blocks(datadep, "body.2.weight", 64, 32)),
+        case("last layer (issue 14)", m["last"], F.cross_entropy, p.data(batch, 64), labels, last_batch),
+        case("vmap (reuse=False)", net, F.mse_loss, x, y, p.blocks(net, "2.weight", 64, 128, number=4), reuse=False),
+        case("site_vmap (CNN)", m["conv"], F.cross_entropy, p.data(batch, 3, 8, 8), labels,
+             p.blocks(m["conv"], "2.weight", 64, 32)),
+        case("site_vmap (attention)", m["attention"], F.cross_entropy, p.data(batch, 16, 32), labels % 4,
+             p.blocks(m["attention"], "proj.weight", 64, 32)),
+        case("sequential (BatchNorm)", m["batchnorm"], F.mse_loss, x, y, p.blocks(m["batchnorm"], "3.weight", 64, 32)),
+        case("sequential (not vmappable)", m["datadep"], F.mse_loss, x, y, p.blocks(m["datadep"], "body.2.weight", 64, 32)),
     ]
 
 
@@ -271,7 +294,7 @@ def paths_benchmark(args, dtype, device, compiled: bool) -> dict:
     """
     import warnings
 
-    from polytope.evaluators import NNCostEvaluator
+    from polytope import NNCostEvaluator
 
     rows = {}
     table = Table(title=f"candidate evaluation paths ({'compiled' if compiled else 'eager'}, {args.dtype}, {device}, "
@@ -346,12 +369,7 @@ SEED_CPU_MS = {"hidden 64, full space": 39.23, "hidden 256, full space": 659.79,
 
 def prefix_benchmark(args, dtype, device) -> dict:
     """Complete optimizer steps: orthoplex, per-tensor blocks with an 8-dim frame each, one radius."""
-    try:
-        from polytope.optimizer import PolytopeOptimizer
-    except ImportError as exc:
-        raise BenchmarkError(f"--prefix needs polytope.optimizer ({exc})") from exc
-    from polytope.evaluators import NNCostEvaluator
-    from polytope.subspaces import HybridSubspace
+    from polytope import HybridSubspace, NNCostEvaluator, PolytopeOptimizer
 
     records, table = {}, Table(title=f"MLP optimizer steps, batch {args.batch}, {args.dtype}, "
                                      f"{torch.get_num_threads()} thread(s) (ms per step)")

@@ -11,7 +11,6 @@ import json
 import os
 import platform
 import random
-import resource
 import statistics
 import sys
 import time
@@ -78,11 +77,6 @@ def summarize(samples: list[float]) -> dict[str, float]:
     else:
         iqr = 0.0
     return {"median": statistics.median(ordered), "iqr": iqr, "min": ordered[0], "max": ordered[-1]}
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def current_rss_bytes() -> int:

@@ -20,6 +20,7 @@ import argparse
 import gc
 import math
 import time
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -155,8 +156,14 @@ def make_workload(cfg: dict[str, Any], source: str, data: dict[str, torch.Tensor
             predictions = est.fit(X, Y).predict(Xq)
             out = {"predictions": predictions.detach(), "info": est.info_}
             if cfg["backward"]:
-                gx, gy, gq = torch.autograd.grad(predictions.square().mean(), [X, Y, Xq])
-                out.update(grad_X=gx, grad_Y=gy, grad_Xq=gq, adjoint_info=getattr(est, "adjoint_info_", None))
+                with warnings.catch_warnings(record=True) as caught:  # the adjoint solve reports by warning
+                    warnings.simplefilter("always", solvers.ConvergenceWarning)
+                    gx, gy, gq = torch.autograd.grad(predictions.square().mean(), [X, Y, Xq])
+                failed = [w for w in caught if issubclass(w.category, solvers.ConvergenceWarning)]
+                for w in caught:
+                    if w not in failed:
+                        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+                out.update(grad_X=gx, grad_Y=gy, grad_Xq=gq, adjoint_failure=str(failed[0].message) if failed else None)
             return out
     elif case == "pca":
         def run():
@@ -262,13 +269,11 @@ def _info_summary(info) -> dict[str, Any] | None:
 # -------------------------------------------------------------------- driver
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console(width=140)
     cfg = _config(args)
     torch.set_num_threads(args.threads)
     method.steady_state_kernels()
-    variants = cfg["variants"]
     tol = args.check_tol if args.check_tol is not None else max(1e-6, 1e3 * args.rtol)
     record: dict[str, Any] = {"command": "ml", "config": cfg, "variants": {}, "tolerance": tol,
                               "reference": "direct in float64 on the same inputs"}
@@ -281,24 +286,8 @@ def run(args: argparse.Namespace) -> int:
             else:  # a dense reference would not fit: only the solvers' true-residual convergence is checked
                 ref = None
                 record["reference"] = "none: the dense reference would not fit in memory; convergence checked"
-            workloads, results, cpu_seconds = {}, record["variants"], {}
-            for name in variants:
-                workloads[name] = _cpu_timed(make_workload(cfg, name, data), cpu_seconds.setdefault(name, []))
-                out = workloads[name]()
-                errors = validate(cfg["case"], out, ref) if ref is not None else {}
-                res = results[name] = method.VariantResult(name, validation=errors, extra={
-                    "info": _info_summary(out["info"]), "adjoint_info": _info_summary(out.get("adjoint_info")),
-                    "algorithm": {"direct": "direct", "sklearn": "scikit-learn"}.get(name, "iterative")})
-                bad = {k: v for k, v in errors.items() if not v <= tol}
-                converged = out["info"] is None or out["info"].converged
-                if not converged or (out.get("adjoint_info") and not out["adjoint_info"].converged):
-                    res.error = f"solver did not converge ({out['info'].reason})"
-                elif bad:
-                    res.error = f"validation failed against the direct reference: {bad} > {tol}"
-                if res.error:
-                    raise method.BenchmarkError(f"{name}: {res.error}")
-                del out
-            gc.collect()
+            workloads, cpu_seconds = _validated(cfg, data, ref, tol, record["variants"])
+            results = record["variants"]
             method.run_variants(workloads, repeats=args.repeats, warmup=args.warmup, device=args.device, seed=args.seed,
                                 results=results)
             for name, samples in cpu_seconds.items():  # the timed rounds are the last calls of each variant
@@ -312,6 +301,39 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]ml {cfg['case']}: {exc}[/red]")
         return 1
     method.write_json(args.output, record)
+    console.print(_table(cfg, record))
+    return 0
+
+
+def _validated(cfg: dict[str, Any], data: dict, ref: dict | None, tol: float, results: dict) -> tuple[dict, dict]:
+    """Each variant's workload run once and checked (converged, forward and adjoint; within ``tol`` of ``ref``)
+    before any timing; ``results`` gets a VariantResult per variant. Returns the (CPU-timed) workloads and
+    their CPU-second lists."""
+    workloads, cpu_seconds = {}, {}
+    for name in cfg["variants"]:
+        workloads[name] = _cpu_timed(make_workload(cfg, name, data), cpu_seconds.setdefault(name, []))
+        out = workloads[name]()
+        errors = validate(cfg["case"], out, ref) if ref is not None else {}
+        res = results[name] = method.VariantResult(name, validation=errors, extra={
+            "info": _info_summary(out["info"]), "adjoint_failure": out.get("adjoint_failure"),
+            "algorithm": {"direct": "direct", "sklearn": "scikit-learn"}.get(name, "iterative")})
+        bad = {k: v for k, v in errors.items() if not v <= tol}
+        if out["info"] is not None and not out["info"].converged:
+            res.error = f"solver did not converge ({out['info'].reason})"
+        elif out.get("adjoint_failure"):
+            res.error = f"the adjoint solve did not converge ({out['adjoint_failure']})"
+        elif bad:
+            res.error = f"validation failed against the direct reference: {bad} > {tol}"
+        if res.error:
+            raise method.BenchmarkError(f"{name}: {res.error}")
+        del out
+    gc.collect()
+    return workloads, cpu_seconds
+
+
+def _table(cfg: dict[str, Any], record: dict):
+    from rich.table import Table
+
     table = Table(title=f"ml {cfg['case']} n={cfg['n']} m={cfg['m']} d={cfg['d']} {cfg['dtype']}"
                         + (" +backward" if cfg["backward"] else ""))
     for col in ("variant", "median s", "IQR s", "median CPU s", "extra MiB", "iterations", "matvecs", "max rel. error"):
@@ -322,8 +344,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(name, f"{res.summary['median']:.4f}", f"{res.summary['iqr']:.4f}",
                       f"{res.extra['cpu_s']['median']:.4f}", mib, str(info["iterations"]), str(info["matvecs"]),
                       f"{max(res.validation.values(), default=0):.2e}")
-    console.print(table)
-    return 0
+    return table
 
 
 def _cpu_timed(workload: Callable[[], dict], samples: list[float]) -> Callable[[], dict]:

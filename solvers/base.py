@@ -1,4 +1,4 @@
-"""What every estimator shares: scikit-learn citizenship, input conversion and checks, sources, warnings.
+"""What every estimator shares: scikit-learn citizenship, the hyper-parameter table, input checks, sources, warnings.
 
 With scikit-learn installed the estimators are real scikit-learn estimators
 (``BaseEstimator`` and the regressor / classifier / transformer mixins: tags,
@@ -225,16 +225,65 @@ def agree_on_ranks(sharding, check):
     return result
 
 
+# ------------------------------------------------------- hyper-parameters
+def one_of(*choices):
+    """A parameter check: the value is one of ``choices``."""
+    def check(value, name):
+        if not any(value is c or (type(value) is type(c) and value == c) for c in choices):
+            raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return check
+
+
+def number(*, minimum: float = 0.0, strict: bool = False, none: bool = False):
+    """A parameter check: a real number above ``minimum`` (``strict``: not equal; finite), or None if ``none``."""
+    def check(value, name):
+        if value is None and none:
+            return
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
+        if not ok or (value <= minimum if strict else value < minimum) or (strict and value == float("inf")):
+            kind = "a finite positive number" if strict else "a non-negative number"
+            raise ValueError(f"{name} must be {kind}{' or None' if none else ''}, got {value!r}")
+    return check
+
+
+def integer(*, minimum: int = 0, none: bool = False, auto: bool = False):
+    """A parameter check: an int of at least ``minimum``, or None if ``none``, or ``"auto"`` if ``auto``."""
+    def check(value, name):
+        if (value is None and none) or (value == "auto" and auto and isinstance(value, str)):
+            return
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+            kind = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+            alternatives = (" or None" if none else "") + (" or 'auto'" if auto else "")
+            raise ValueError(f"{name} must be {kind}{alternatives}, got {value!r}")
+    return check
+
+
+# What every estimator's table holds where it has the parameter; ``kernel`` (``as_kernel``), ``alpha``
+# (per target), ``chunk_size`` (lazytensor's rule, at the first source) and the data-bound counts
+# (``n_components <= n``) are checked where their meaning is known.
+COMMON_PARAMETERS = {
+    "source": one_of(*SOURCES), "rtol": number(none=True), "atol": number(none=True),
+    "maxiter": integer(minimum=1, none=True), "tile_dtype": one_of(*TILE_DTYPES), "random_state": integer(),
+    "rank": integer(minimum=1, auto=True), "search_width": integer(), "regularization": check_positive,
+    "n_components": integer(minimum=1, none=True), "n_landmarks": integer(minimum=1, none=True),
+}
+
+
 class Estimator(_Base):
-    """Hyper-parameters live in ``__init__`` arguments; learned state in ``attr_`` names."""
+    """Hyper-parameters live in ``__init__`` arguments; learned state in ``attr_`` names.
+
+    ``_parameters`` is the class's table name -> check (scikit-learn's parameter
+    constraints): ``fit`` checks every hyper-parameter the estimator has against
+    it before touching the data, so a bad setting fails at once, naming itself.
+    """
+
+    _parameters: dict = {}
 
     def _check_common(self) -> None:
-        if self.source not in SOURCES:
-            raise ValueError(f"source must be one of {SOURCES}, got {self.source!r}")
-        for name in ("rtol", "atol"):
-            value = getattr(self, name, None)
-            if value is not None and not (isinstance(value, numbers.Real) and value >= 0):
-                raise ValueError(f"{name} must be a non-negative number or None, got {value!r}")
+        table = {**COMMON_PARAMETERS, **self._parameters}
+        for name in self._get_param_names():
+            if name in table:
+                table[name](getattr(self, name), name)
         self._kernel = as_kernel(self.kernel)
 
     def _rank(self, n: int) -> int:
@@ -243,8 +292,6 @@ class Estimator(_Base):
         (measured in docs/solvers.md)."""
         if self.rank == "auto":
             return min(n, AUTO_RANK_MAX, max(64, 64 * round(8 * n**0.5 / 64)))
-        if isinstance(self.rank, bool) or not isinstance(self.rank, numbers.Integral) or self.rank < 1:
-            raise ValueError(f"rank must be a positive int or 'auto', got {self.rank!r}")
         return min(n, int(self.rank))
 
     def _rtol(self, dtype: torch.dtype) -> float:
@@ -256,24 +303,33 @@ class Estimator(_Base):
             return "direct" if n <= AUTO_DIRECT_MAX_N else "streamed"
         return self.source
 
-    def _streamed(self, X: torch.Tensor, Y: torch.Tensor | None = None, tile_dtype=None) -> StreamedKernel:
-        return StreamedKernel(self._kernel, X, Y, chunk_size=self.chunk_size, tile_dtype=tile_dtype)
-
     def _tile_dtype(self, dtype: torch.dtype, refined: bool) -> torch.dtype:
         """The dtype iterations evaluate tiles in: ``tile_dtype``, or by default float32 for float64
         data where the fit refines against exact residuals (CG fits: ``refined``), else the data's."""
-        if self.tile_dtype not in TILE_DTYPES:
-            raise ValueError(f"tile_dtype must be None, torch.float32 or torch.float64, got {self.tile_dtype!r}")
         if self.tile_dtype is not None:
             return self.tile_dtype if torch.finfo(self.tile_dtype).bits < torch.finfo(dtype).bits else dtype
         return torch.float32 if refined and dtype == torch.float64 else dtype
 
-    def _sources(self, kind: str, X: torch.Tensor, Y: torch.Tensor | None = None, *, refined: bool = True):
-        """``(exact, fast)``: K(X, Y) for results and true residuals, and the CG iterations' operator
-        (float32 tiles by default for float64 data where ``refined``; the same source when nothing is cheaper)."""
-        exact = self._source(kind, X, Y)
-        tile_dtype = self._tile_dtype(X.dtype, refined=refined)
-        if kind not in ("streamed", "sharded") or tile_dtype == X.dtype:
+    def make_sources(self, kind: str, X: torch.Tensor, Y: torch.Tensor | None = None, *, fast: str | None = None):
+        """``(exact, fast)``: the kernel matrix ``K(X, Y)`` as a source of one ``kind``, and the operator iterations run on.
+
+        ``kind``: ``"streamed"`` (each product a lazytensor sum, differentiable in
+        ``X``, ``Y`` and the kernel's tensors), ``"sharded"`` (``X`` this rank's
+        rows; no gradient) or ``"stored"`` / ``"direct"`` (the matrix; no gradient). ``exact``
+        evaluates tiles in the data's dtype (results, true residuals). ``fast``:
+        ``None`` the same source; ``"asked"`` tiles in ``tile_dtype`` if given;
+        ``"refined"`` by default float32 tiles for float64 data too (a CG fit
+        refines against ``exact``). Sums always run in the data's dtype.
+        """
+        if kind == "sharded":
+            exact = ShardedKernel(self._kernel, X, Y, sharding=self._sharding, chunk_size=self.chunk_size)
+        else:
+            exact = StreamedKernel(self._kernel, X, Y, chunk_size=self.chunk_size)
+            if kind in ("stored", "direct"):
+                with torch.no_grad():
+                    exact = StoredKernel(exact.dense())
+        tile_dtype = X.dtype if fast is None else self._tile_dtype(X.dtype, refined=fast == "refined")
+        if isinstance(exact, StoredKernel) or tile_dtype == X.dtype:
             return exact, exact
         try:
             return exact, exact.with_tile_dtype(tile_dtype)
@@ -281,18 +337,6 @@ class Estimator(_Base):
             if self.tile_dtype is not None:
                 raise
             return exact, exact
-
-    def _source(self, kind: str, X: torch.Tensor, Y: torch.Tensor | None = None, *, tile_dtype=None):
-        """The kernel matrix K(X, Y) (no gradient) as a streamed source (tiles in ``tile_dtype``,
-        sums in the data's dtype), a sharded one (``X`` is this rank's rows) or a stored one (always exact)."""
-        if kind == "sharded":
-            return ShardedKernel(self._kernel, X, Y, sharding=self._sharding, chunk_size=self.chunk_size,
-                                 tile_dtype=tile_dtype)
-        K = self._streamed(X.detach(), None if Y is None else Y.detach(), tile_dtype if kind == "streamed" else None)
-        if kind == "streamed":
-            return K
-        with torch.no_grad():
-            return StoredKernel(K.dense())
 
     def _fit_points(self, X) -> torch.Tensor:
         """Training points, checked; records ``n_features_in_`` and whether outputs are NumPy."""
@@ -317,7 +361,7 @@ class Estimator(_Base):
         def check():
             X_, self._numpy = check_points(X, "X", allow_empty=True)
             derived = derive(X_)
-            if requires_grad(X_, *derived, *tensors, self._streamed(X_[:1]).K):
+            if requires_grad(X_, *derived, *tensors, self.make_sources("streamed", X_[:1])[0].K):
                 raise ValueError("source='sharded' fits are not differentiable: pass tensors that do not require grad")
             return (X_, *derived)
 
@@ -346,10 +390,10 @@ class Estimator(_Base):
         """
         if rows is None:
             X, numpy_out = self._query_points(X, centres)
-            return self._streamed(X, centres) @ coef, numpy_out
+            return self.make_sources("streamed", X, centres)[0] @ coef, numpy_out
         X, numpy_out = agree_on_ranks(self._sharding, lambda: self._query_points(X, centres))
         with torch.no_grad(), distributed.local():
-            mine = self._streamed(X, centres[rows]) @ coef[rows]
+            mine = self.make_sources("streamed", X, centres[rows])[0] @ coef[rows]
         return self._sharding.all_reduce(mine), numpy_out
 
     def _query_points(self, X, fitted: torch.Tensor) -> tuple[torch.Tensor, bool]:

@@ -3,7 +3,8 @@
 A fit solves ``A(theta) coef = b(theta)``. Differentiating the residual
 ``r(theta) = b(theta) - A(theta) coef`` at the solution (``coef`` held fixed)
 gives ``A d(coef) = dr``, so the vector-Jacobian product of ``coef`` is
-``lam^T dr`` with ``lam = A^{-1} grad`` (``A`` symmetric). :func:`implicit`
+``lam^T dr`` with ``lam = A^{-T} grad`` (``A^{-1} grad`` for the fits'
+symmetric systems). :func:`implicit`
 returns ``coef`` as a function of ``r``: its backward is one adjoint solve,
 with the fit's own solver and preconditioner, and autograd carries ``lam``
 through ``r``. The residual is built from ordinary differentiable kernel
@@ -37,7 +38,8 @@ def implicit(coef: torch.Tensor, residual: Callable[[torch.Tensor], torch.Tensor
     """``coef`` (the solution, no graph) with the implicit gradient of ``A coef = b``.
 
     ``residual(c)`` builds ``b - A c`` differentiably for a fixed ``c``;
-    ``solve(G)`` returns ``A^{-1} G``. Without ``differentiable`` nothing is built.
+    ``solve(G)`` returns ``A^{-T} G`` (the adjoint solve; it reports its own
+    convergence, and writes no state). Without ``differentiable`` nothing is built.
     """
     coef = coef.detach()
     if not differentiable:

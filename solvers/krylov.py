@@ -87,6 +87,22 @@ def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: floa
     A = as_source(A)
     exact = A if exact is None else as_source(exact)
     _check_tolerances(rtol, atol, maxiter)
+    B, vector = _right_hand_sides(A, B)
+    if M is not None and not callable(M):
+        raise TypeError(f"M must be a callable R -> approximately A^-1 R, got {type(M).__name__}")
+    run = _CG(A, exact, B, M, maxiter or min(10 * A.shape[0], 10_000), torch.clamp(rtol * B.norm(dim=0), min=atol))
+    run.start(_initial_guess(x0, B, vector, A.dtype))
+    while True:
+        active = (~run.stopped & (run.true_norm > run.target)).nonzero().squeeze(1)
+        if active.numel() == 0 or run.info.iterations >= run.maxiter:
+            break
+        run.cycle(active)
+        run.refresh(active)
+    return (run.X.squeeze(1) if vector else run.X), run.finish()
+
+
+def _right_hand_sides(A, B) -> tuple[torch.Tensor, bool]:
+    """``B`` as a finite 2-D block in ``A``'s dtype, and whether it was one vector."""
     if not isinstance(B, torch.Tensor):
         raise TypeError(f"B must be a torch.Tensor, got {type(B).__name__}")
     n = A.shape[0]
@@ -96,100 +112,119 @@ def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: floa
     B = (B.unsqueeze(1) if vector else B).detach().to(A.dtype)
     if not torch.isfinite(B).all():
         raise ValueError("B contains NaN or infinite values")
-    maxiter = maxiter or min(10 * n, 10_000)
-    if M is not None and not callable(M):
-        raise TypeError(f"M must be a callable R -> approximately A^-1 R, got {type(M).__name__}")
+    return B, vector
 
-    def product(op, V):
+
+def _initial_guess(x0, B: torch.Tensor, vector: bool, dtype) -> torch.Tensor | None:
+    """``x0`` as a 2-D block shaped like ``B`` (None: start from zero)."""
+    if x0 is None:
+        return None
+    shape = B.squeeze(1).shape if vector else B.shape
+    if not isinstance(x0, torch.Tensor) or x0.shape != shape:
+        got = tuple(x0.shape) if isinstance(x0, torch.Tensor) else type(x0).__name__
+        raise ValueError(f"x0 must be a tensor shaped like B {tuple(shape)}, got {got}")
+    return (x0.unsqueeze(1) if vector else x0).detach().to(dtype).clone()
+
+
+class _CG:
+    """One block CG run: the iterate, the true residuals and which columns stopped, updated by named steps."""
+
+    def __init__(self, A, exact, B, M, maxiter: int, target: torch.Tensor):
+        self.A, self.exact, self.B, self.M, self.maxiter, self.target = A, exact, B, M, maxiter, target
+        self.guard = max(A.shape[0], 10) * torch.finfo(A.dtype).eps  # cosines below this are roundoff: no curvature
+        self.info = KrylovInfo()
+        self.stopped = torch.zeros(B.shape[1], dtype=torch.bool, device=B.device)  # converged or broken down
+        self.broken = torch.zeros_like(self.stopped)
+        self.reason = "maxiter"
+
+    def product(self, op, V):
         start = time.perf_counter()
         out = _finite(op.matmul_nograd(V), "A")
-        info.product_seconds += time.perf_counter() - start
+        self.info.product_seconds += time.perf_counter() - start
         return out
 
-    def precondition(R):
-        if M is None:
+    def precondition(self, R):
+        if self.M is None:
             return R
-        Z = M(R)
+        Z = self.M(R)
         if not isinstance(Z, torch.Tensor) or Z.shape != R.shape:
             got = tuple(Z.shape) if isinstance(Z, torch.Tensor) else type(Z).__name__
             raise ValueError(f"M must map a residual block of shape {tuple(R.shape)} to the same shape, got {got}")
         return Z.to(R.dtype)
-    eps = torch.finfo(A.dtype).eps
-    guard = max(n, 10) * eps  # cosines below this are roundoff: the direction carries no curvature
-    info = KrylovInfo()
 
-    if x0 is not None and (not isinstance(x0, torch.Tensor) or x0.shape != (B.squeeze(1).shape if vector else B.shape)):
-        got = tuple(x0.shape) if isinstance(x0, torch.Tensor) else type(x0).__name__
-        raise ValueError(f"x0 must be a tensor shaped like B {tuple(B.squeeze(1).shape if vector else B.shape)}, got {got}")
-    X = torch.zeros_like(B) if x0 is None else (x0.unsqueeze(1) if vector else x0).detach().to(A.dtype).clone()
-    target = torch.clamp(rtol * B.norm(dim=0), min=atol)
-    R = B - product(exact, X) if x0 is not None else B.clone()
-    info.matvecs += x0 is not None
-    true_norm = R.norm(dim=0)
-    stopped = torch.zeros(B.shape[1], dtype=torch.bool, device=B.device)  # converged or broken down
-    broken = torch.zeros_like(stopped)
-    reason = "maxiter"
-    while True:
-        active = (~stopped & (true_norm > target)).nonzero().squeeze(1)
-        if active.numel() == 0 or info.iterations >= maxiter:
-            break
-        # A fresh CG cycle on the active columns, started from their true residual.
-        Ra = R[:, active]
-        Z = precondition(Ra)
+    def start(self, X0) -> None:
+        """The iterate and its true residual: ``B`` itself from zero, one product from ``x0``."""
+        self.X = torch.zeros_like(self.B) if X0 is None else X0
+        self.R = self.B - self.product(self.exact, self.X) if X0 is not None else self.B.clone()
+        self.info.matvecs += X0 is not None
+        self.true_norm = self.R.norm(dim=0)
+
+    def stop(self, columns) -> None:
+        """Columns whose curvature or preconditioned residual vanished: not positive definite there."""
+        self.broken[columns] = True
+        self.stopped[columns] = True
+
+    def cycle(self, active) -> None:
+        """A fresh CG cycle on the ``active`` columns from their true residual, until each one's
+        recurrence residual meets its target (or breaks down, or ``maxiter``)."""
+        info, guard = self.info, self.guard
+        Ra = self.R[:, active]
+        Z = self.precondition(Ra)
         P = Z.clone()
         rz = (Ra * Z).sum(0)
-        live = torch.arange(active.numel(), device=B.device)
-        while live.numel() and info.iterations < maxiter:
+        live = torch.arange(active.numel(), device=self.B.device)
+        while live.numel() and info.iterations < self.maxiter:
             cols = active[live]
-            AP = product(A, P[:, live])
+            AP = self.product(self.A, P[:, live])
             info.matvecs += 1
             info.iterations += 1
             Pl = P[:, live]
             curvature = (Pl * AP).sum(0)
             bad = ~(curvature > guard * Pl.norm(dim=0) * AP.norm(dim=0))
             if bad.any():  # p^T A p lost in roundoff or negative: A is not positive definite here
-                broken[cols[bad]] = True
-                stopped[cols[bad]] = True
+                self.stop(cols[bad])
             step = torch.where(bad, torch.zeros_like(curvature), rz[live] / torch.where(bad, 1.0, curvature))
-            X[:, cols] += Pl * step
+            self.X[:, cols] += Pl * step
             Ra[:, live] -= AP * step
             norms = Ra[:, live].norm(dim=0)
-            keep = ~bad & (norms > target[cols])
-            live = live[keep]
+            live = live[~bad & (norms > self.target[cols])]
             if live.numel() == 0:
                 break
-            Zl = precondition(Ra[:, live])
+            Zl = self.precondition(Ra[:, live])
             rz_new = (Ra[:, live] * Zl).sum(0)
             dead = ~(rz_new > guard * Ra[:, live].norm(dim=0) * Zl.norm(dim=0))  # preconditioner not SPD
             if dead.any():
-                broken[active[live[dead]]] = True
-                stopped[active[live[dead]]] = True
+                self.stop(active[live[dead]])
             P[:, live] = Zl + P[:, live] * (rz_new / rz[live])
             rz[live] = rz_new
             live = live[~dead]
-        # Recompute the true residual of the columns that were just iterated.
-        previous = true_norm[active].clone()
-        R[:, active] = B[:, active] - product(exact, X[:, active])
-        info.matvecs += 1
-        true_norm[active] = R[:, active].norm(dim=0)
-        stalled = (true_norm[active] > target[active]) & (true_norm[active] >= 0.5 * previous)
-        if A is not exact and (stalled.any() or broken.any()):  # the cheap operator's precision floor: go exact
-            A = exact
-            stopped[:], broken[:] = False, False
-        elif info.iterations < maxiter and stalled.any():  # a whole cycle did not halve it: the precision floor
-            stopped[active[stalled]] = True
-            reason = "stagnation"
-    done = true_norm <= target
-    info.residuals = true_norm
-    info.column_converged = done
-    info.converged = bool(done.all())
-    if info.converged:
-        info.reason = "converged"
-    elif broken.any():
-        info.reason = "breakdown: the operator or preconditioner is not positive definite"
-    else:
-        info.reason = reason
-    return (X.squeeze(1) if vector else X), info
+
+    def refresh(self, active) -> None:
+        """Recompute the true residual of the columns just iterated; a cycle that did not halve it met a
+        precision floor: the cheap operator's (go exact) or the problem's (those columns stop, stagnation)."""
+        previous = self.true_norm[active].clone()
+        self.R[:, active] = self.B[:, active] - self.product(self.exact, self.X[:, active])
+        self.info.matvecs += 1
+        self.true_norm[active] = self.R[:, active].norm(dim=0)
+        stalled = (self.true_norm[active] > self.target[active]) & (self.true_norm[active] >= 0.5 * previous)
+        if self.A is not self.exact and (stalled.any() or self.broken.any()):
+            self.A = self.exact
+            self.stopped[:], self.broken[:] = False, False
+        elif self.info.iterations < self.maxiter and stalled.any():
+            self.stopped[active[stalled]] = True
+            self.reason = "stagnation"
+
+    def finish(self) -> KrylovInfo:
+        """The info: final true residuals, which columns converged, and why the run ended."""
+        info, done = self.info, self.true_norm <= self.target
+        info.residuals, info.column_converged, info.converged = self.true_norm, done, bool(done.all())
+        if info.converged:
+            info.reason = "converged"
+        elif self.broken.any():
+            info.reason = "breakdown: the operator or preconditioner is not positive definite"
+        else:
+            info.reason = self.reason
+        return info
 
 
 # ------------------------------------------------------------ block bases

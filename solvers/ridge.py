@@ -13,6 +13,7 @@ from .base import (
     check_points,
     check_positive,
     check_targets,
+    one_of,
 )
 from .implicit import implicit, requires_grad
 from .krylov import KrylovInfo, cg
@@ -95,13 +96,12 @@ class _Ridge(RegressorMixin, Estimator):
             coef[:, cols], info = solve(Y[:, cols].contiguous())
             infos.append(info)
 
-        def adjoint(G):
+        def adjoint(G):  # the backward pass's solve: reports non-convergence, writes nothing on the estimator
             lam, adjoint_infos = torch.empty_like(G), []
             for cols, solve in groups:
                 lam[:, cols], info = solve(G[:, cols].contiguous())
                 adjoint_infos.append(info)
-            self.adjoint_info_ = _merge(adjoint_infos, [c for c, _ in groups], G.shape[1])
-            self._report(self.adjoint_info_, "the adjoint solve of the backward pass")
+            self._report(_merge(adjoint_infos, [c for c, _ in groups], G.shape[1]), "the adjoint solve of the backward pass")
             return lam
 
         info = _merge(infos, [c for c, _ in groups], Y.shape[1])
@@ -110,7 +110,9 @@ class _Ridge(RegressorMixin, Estimator):
         return coef, info, adjoint
 
     def _cg(self, operator, preconditioner, rtol, exact=None):
-        return lambda R: cg(operator, R, M=preconditioner, rtol=rtol, atol=self.atol, maxiter=self.maxiter, exact=exact)
+        """``solve(R)`` by CG with this fit's settings (taken now: the adjoint solve of a later backward uses them too)."""
+        atol, maxiter = self.atol, self.maxiter
+        return lambda R: cg(operator, R, M=preconditioner, rtol=rtol, atol=atol, maxiter=maxiter, exact=exact)
 
     def _predict_with(self, X, centres: torch.Tensor, coef: torch.Tensor, rows: slice | None = None):
         out, numpy_out = self._times(X, centres, coef, rows)
@@ -157,16 +159,16 @@ class KernelRidge(_Ridge):
         self.rtol, self.atol, self.maxiter, self.chunk_size = rtol, atol, maxiter, chunk_size
         self.tile_dtype, self.random_state = tile_dtype, random_state
 
+    _parameters = {"preconditioner": one_of(*PRECONDITIONERS)}
+
     def fit(self, X, y):
         self._check_common()
-        if self.preconditioner not in PRECONDITIONERS:
-            raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {self.preconditioner!r}")
         X, Y = self._fit_data(X, y, self.alpha)
         alpha = _alpha(self.alpha, Y.shape[1], X.dtype)
         self.source_ = self._resolve_source(X.shape[0])
         if self.source_ == "direct":
             n = X.shape[0]
-            K = self._source("stored", X).matrix
+            K = self.make_sources("stored", X)[0].matrix
 
             def make_solver(a):
                 chol = torch.linalg.cholesky(K + a * torch.eye(n, dtype=X.dtype, device=X.device))
@@ -176,7 +178,7 @@ class KernelRidge(_Ridge):
                     return out, _direct_info((R - K @ out - a * out).norm(dim=0))
                 return solve
         else:
-            K, fast = self._sources(self.source_, X)
+            K, fast = self.make_sources(self.source_, X.detach(), fast="refined")
             if self.source_ == "sharded":  # Krylov vectors are whole on every rank
                 X, Y = K.Y, self._sharding.gather_rows(Y)[0]  # K's columns: every rank's points
             n = X.shape[0]
@@ -196,11 +198,11 @@ class KernelRidge(_Ridge):
             coef, info, adjoint = self._solve(Y.detach(), alpha, make_solver, n * n)
 
         def residual(c):  # y - (K + alpha I) c, differentiable in X, y, alpha and the kernel's tensors
-            return Y - self._streamed(X) @ c - alpha * c
+            return Y - self.make_sources("streamed", X)[0] @ c - alpha * c
 
         self._rows = K.rows if self.source_ == "sharded" else None  # predictions: this rank's share of the points
         if self.source_ != "sharded":
-            coef = implicit(coef, residual, adjoint, requires_grad(X, Y, alpha, self._streamed(X).K))
+            coef = implicit(coef, residual, adjoint, requires_grad(X, Y, alpha, self.make_sources("streamed", X)[0].K))
         self._publish(X_fit=X, dual_coef=coef.squeeze(1) if self._vector_targets else coef)
         self.info_ = info
         self._report(info, "the fit")
@@ -257,14 +259,14 @@ class LandmarkRidge(_Ridge):
         self.source_ = self._resolve_source(X.shape[0])
         L = self._choose_landmarks(X)
         m = L.shape[0]
-        K_nm, fast_nm = self._sources(self.source_, X, L)
+        K_nm, fast_nm = self.make_sources(self.source_, X.detach(), L.detach(), fast="refined")
         if self.source_ == "sharded":  # K_mm's rows split over the ranks too; vectors by row are whole
             Y = self._sharding.gather_rows(Y)[0]
             share = slice(m * self._sharding.rank // self._sharding.size, m * (self._sharding.rank + 1) // self._sharding.size)
             K_mm = ShardedKernel(self._kernel, L[share], L, sharding=self._sharding, chunk_size=self.chunk_size)
             fast_mm = K_mm.with_tile_dtype(fast_nm.tile_dtype)
         else:
-            K_mm, fast_mm = self._sources(self.source_, L)
+            K_mm, fast_mm = self.make_sources(self.source_, L.detach(), fast="refined")
         eye = torch.eye(m, dtype=X.dtype, device=X.device)
         with torch.no_grad():
             rhs = K_nm.rmatmul_nograd(Y.detach())
@@ -301,11 +303,11 @@ class LandmarkRidge(_Ridge):
             coef, info, adjoint = self._solve(rhs, alpha, make_solver, K_nm.shape[0] * 2 * m + m * m)
 
         def residual(c):  # K_nm^T (y - K_nm c) - alpha K_mm c, differentiable
-            K_nm, K_mm = self._streamed(X, L), self._streamed(L)
+            K_nm, K_mm = self.make_sources("streamed", X, L)[0], self.make_sources("streamed", L)[0]
             return K_nm.T @ (Y - K_nm @ c) - alpha * (K_mm @ c)
 
         if self.source_ != "sharded":
-            coef = implicit(coef, residual, adjoint, requires_grad(X, Y, L, alpha, self._streamed(X, L).K))
+            coef = implicit(coef, residual, adjoint, requires_grad(X, Y, L, alpha, self.make_sources("streamed", X, L)[0].K))
         self._publish(landmarks=L, coef=coef.squeeze(1) if self._vector_targets else coef)
         self.info_ = info
         self._report(info, "the fit")

@@ -1,4 +1,4 @@
-"""Spectral kernel estimators: PCA (centred kernel), Fisher discriminant (LDA) and SVD."""
+"""Spectral kernel estimators: PCA (centred kernel), Fisher discriminant (LDA) and SVD, on one _Spectral base."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,6 +14,7 @@ from .base import (
     check_labels,
     check_points,
     check_positive,
+    one_of,
 )
 from .krylov import KrylovInfo, cg, fix_signs, golub_kahan_svds, lanczos_eigsh
 from .operators import Centred, Shifted
@@ -28,12 +29,34 @@ def _direct_info(k: int, dtype) -> KrylovInfo:
                       column_converged=torch.ones(k, dtype=torch.bool))
 
 
-def _check_width(search_width) -> None:
-    if not isinstance(search_width, int) or isinstance(search_width, bool) or search_width < 0:
-        raise ValueError(f"search_width must be a non-negative int, got {search_width!r}")
+def _leading_eigh(S: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest eigenpairs of a symmetric matrix, in decreasing order."""
+    values, vectors = torch.linalg.eigh(S)
+    return values.flip(0)[:k], vectors.flip(1)[:, :k]
 
 
-class KernelPCA(TransformerMixin, Estimator):
+class _Spectral(Estimator):
+    """What the spectral fits share: their kernel sources and how a fit ends.
+
+    Their iterations evaluate tiles in the data's dtype unless ``tile_dtype``
+    asks otherwise (Lanczos and Golub-Kahan do not refine against exact
+    products), and ``source="direct"`` is the stored matrix, factored densely.
+    """
+
+    def _kernel_sources(self, X, Y=None, *, n: int | None = None):
+        """``(exact, fast)`` sources of ``K(X, Y)``; ``n``: the size ``source="auto"`` decides on (default: X's rows)."""
+        self.source_ = self._resolve_source(X.shape[0] if n is None else n)
+        return self.make_sources("stored" if self.source_ == "direct" else self.source_, X, Y, fast="asked")
+
+    def _done(self, info, what: str, **learned):
+        """Publish the learned attributes and ``info_``; warn if ``what`` did not converge."""
+        self._publish(**learned)
+        self.info_ = info
+        self._report(info, what)
+        return self
+
+
+class KernelPCA(TransformerMixin, _Spectral):
     """Leading eigenpairs of the centred kernel ``H K H`` (``H = I - 11^T / n``), as in scikit-learn.
 
     The centring is applied inside the operator (``H (K (H V))``), never to a
@@ -52,29 +75,23 @@ class KernelPCA(TransformerMixin, Estimator):
 
     def fit(self, X, y=None):
         self._check_common()
-        _check_width(self.search_width)
         X = self._fit_rows(X)[0].detach()
-        self.source_ = self._resolve_source(X.shape[0])
-        K = self._source("stored" if self.source_ == "direct" else self.source_, X,
-                         tile_dtype=self._tile_dtype(X.dtype, refined=False))
+        K = self._kernel_sources(X)[1]
         X, self._rows = _whole(K, X)
         n = X.shape[0]
         k = check_count(self.n_components, "n_components", n, "at most the number of samples")
         column_means = K.matmul_nograd(torch.full((n, 1), 1.0 / n, dtype=X.dtype, device=X.device)).squeeze(1)
         if self.source_ == "direct":
             Kc = K.matrix - column_means[:, None] - column_means[None, :] + column_means.mean()
-            values, vectors = torch.linalg.eigh(Kc)
-            values, vectors = values.flip(0)[:k], vectors.flip(1)[:, :k]
+            values, vectors = _leading_eigh(Kc, k)
             vectors = vectors * fix_signs(vectors)
             info = _direct_info(k, X.dtype)
         else:
             values, vectors, info = lanczos_eigsh(Centred(K), k, search_width=self.search_width,
                                                   rtol=self._rtol(X.dtype), maxiter=self.maxiter,
                                                   random_state=self.random_state)
-        self._publish(X_fit=X, eigenvalues=values, eigenvectors=vectors, column_means=column_means)
-        self.info_ = info
-        self._report(info, "the eigensolver")
-        return self
+        return self._done(info, "the eigensolver", X_fit=X, eigenvalues=values, eigenvectors=vectors,
+                          column_means=column_means)
 
     def fit_transform(self, X, y=None):
         self.fit(X)
@@ -121,7 +138,7 @@ class _WithinClass(Source):
         return self.K.matmul_nograd(self.centre(self.K.columns(idx)))
 
 
-class KernelLDA(ClassifierMixin, TransformerMixin, Estimator):
+class KernelLDA(ClassifierMixin, TransformerMixin, _Spectral):
     """Kernel Fisher discriminant (Mika et al. 1999).
 
     With class means of kernel columns ``m_c`` and their mean ``m``, the
@@ -146,16 +163,14 @@ class KernelLDA(ClassifierMixin, TransformerMixin, Estimator):
         self.rtol, self.atol, self.maxiter, self.chunk_size = rtol, atol, maxiter, chunk_size
         self.tile_dtype, self.random_state = tile_dtype, random_state
 
+    _parameters = {"preconditioner": one_of(None, "nystrom")}
+
     def fit(self, X, y):
         self._check_common()
-        if self.preconditioner not in (None, "nystrom"):
-            raise ValueError(f"preconditioner must be None or 'nystrom', got {self.preconditioner!r}")
         reg = check_positive(self.regularization, "regularization")
         X, classes, labels = self._fit_rows(X, lambda X: check_labels(y, X.shape[0]))
         X = X.detach()
-        self.source_ = self._resolve_source(X.shape[0])
-        # N = K H K squares K's conditioning: float32 tiles only when asked for (they cost more iterations)
-        K, fast = self._sources("stored" if self.source_ == "direct" else self.source_, X, refined=False)
+        K, fast = self._kernel_sources(X)  # N = K H K squares K's conditioning: float32 tiles cost more iterations
         X, self._rows = _whole(K, X)
         if self._rows is not None:  # every rank's labels, in rank order
             classes, labels = _gather_labels(classes[labels.numpy()] if isinstance(classes, np.ndarray)
@@ -186,17 +201,13 @@ class KernelLDA(ClassifierMixin, TransformerMixin, Estimator):
             Z, info = cg(Shifted(fast_within, reg), rhs, M=M, rtol=self._rtol(X.dtype), atol=self.atol,
                          maxiter=self.maxiter, exact=Shifted(within, reg))
         small = rhs.T @ Z
-        values, vectors = torch.linalg.eigh((small + small.T) / 2)
-        values, vectors = values.flip(0)[:k], vectors.flip(1)[:, :k]
+        values, vectors = _leading_eigh((small + small.T) / 2, k)
         directions = Z @ vectors / values.clamp_min(torch.finfo(X.dtype).tiny).sqrt()
         directions = directions * fix_signs(directions)
         projected = K.matmul_nograd(directions)
-        self._publish(X_fit=X, eigenvalues=values, eigenvectors=directions,
-                      class_means=(onehot.T @ projected) / counts[:, None])
         self.classes_ = classes if isinstance(classes, np.ndarray) else as_output(classes, self._numpy)
-        self.info_ = info
-        self._report(info, "the within-class solve")
-        return self
+        return self._done(info, "the within-class solve", X_fit=X, eigenvalues=values, eigenvectors=directions,
+                          class_means=(onehot.T @ projected) / counts[:, None])
 
     def _project(self, X) -> tuple[torch.Tensor, bool]:
         self._check_fitted("eigenvectors")
@@ -231,7 +242,7 @@ def _gather_labels(mine, sharding):
     return check_labels(whole, len(whole))
 
 
-class KernelSVD(Estimator):
+class KernelSVD(_Spectral):
     """Leading singular triplets of the rectangular kernel ``K(X, Y)`` by block Golub-Kahan-Lanczos.
 
     ``fit(X, Y)`` with ``Y`` a second point set ((m, d)); ``Y=None`` factors
@@ -248,24 +259,17 @@ class KernelSVD(Estimator):
 
     def fit(self, X, Y=None):
         self._check_common()
-        _check_width(self.search_width)
         X = self._fit_rows(X)[0].detach()
         if Y is not None:  # a second point set, replicated on every rank of a sharded fit
             Y = self._agreed(lambda: check_points(Y, "Y", estimator=self, n_features=X.shape[1], dtype=X.dtype)[0].detach())
-        self.source_ = self._resolve_source(max(X.shape[0], X.shape[0] if Y is None else Y.shape[0]))
+        K = self._kernel_sources(X, Y, n=max(X.shape[0], X.shape[0] if Y is None else Y.shape[0]))[1]
+        k = check_count(self.n_components, "n_components", min(K.shape), "at most min(n_X, n_Y)")
         if self.source_ == "direct":
-            Y = X if Y is None else Y
-            k = check_count(self.n_components, "n_components", min(X.shape[0], Y.shape[0]), "at most min(n_X, n_Y)")
-            U, s, Vt = torch.linalg.svd(self._source("stored", X, Y).matrix, full_matrices=False)
+            U, s, Vt = torch.linalg.svd(K.matrix, full_matrices=False)
             signs = fix_signs(U[:, :k])
             s, left, right, info = s[:k], U[:, :k] * signs, Vt[:k].T * signs, _direct_info(k, X.dtype)
         else:
-            K = self._source(self.source_, X, Y, tile_dtype=self._tile_dtype(X.dtype, refined=False))
-            k = check_count(self.n_components, "n_components", min(K.shape), "at most min(n_X, n_Y)")
             s, left, right, info = golub_kahan_svds(K, k,
                                                     search_width=self.search_width, rtol=self._rtol(X.dtype),
                                                     maxiter=self.maxiter, random_state=self.random_state)
-        self._publish(singular_values=s, left_vectors=left, right_vectors=right)
-        self.info_ = info
-        self._report(info, "the singular value solver")
-        return self
+        return self._done(info, "the singular value solver", singular_values=s, left_vectors=left, right_vectors=right)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import lazytensor.keops.torch as kt
+from benchmarks.clients import exact_gp
 
 KERNELS = ["rbf", "matern05", "matern15", "matern25", "periodic"]
 
@@ -92,18 +93,6 @@ def test_batched_matmul(gpytorch, name):
         torch.testing.assert_close(k1(x, x) @ rhs, k2(x, x).to_dense() @ rhs, rtol=1e-9, atol=1e-9)
 
 
-def exact_gp(gpytorch, kernel, x, y, dtype):
-    class GP(gpytorch.models.ExactGP):
-        def __init__(self):
-            super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood())
-            self.mean, self.covar = gpytorch.means.ConstantMean(), gpytorch.kernels.ScaleKernel(kernel)
-
-        def forward(self, z):
-            return gpytorch.distributions.MultivariateNormal(self.mean(z), self.covar(z))
-
-    return GP().to(dtype)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("name", ["rbf", "matern25", "matern05"])
 def test_exact_gp_likelihood_gradients_and_prediction(gpytorch, name, dtype):
@@ -113,7 +102,7 @@ def test_exact_gp_likelihood_gradients_and_prediction(gpytorch, name, dtype):
     y = torch.sin(4 * x).sum(-1) + 0.05 * torch.randn(80, dtype=dtype)
     results = []
     for kernel in kernels(gpytorch, name, ard_num_dims=3):
-        model = exact_gp(gpytorch, kernel, x, y, dtype)
+        model = exact_gp(gpytorch, kernel, x, y).to(dtype)
         mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
         torch.manual_seed(1)  # the same probe vectors for both runs
         settings, _ = forced(gpytorch)

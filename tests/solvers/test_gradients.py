@@ -1,12 +1,13 @@
 """Implicit gradients of ridge and landmark fits against dense autograd (torch.cdist, torch.linalg.solve)
 and gradcheck; gradients reach tensors a user formula closes over."""
 import math
+import warnings
 
 import pytest
 import torch
 
 import lazytensor as lt
-from solvers import KernelRidge, LandmarkRidge, Matern
+from solvers import ConvergenceWarning, KernelRidge, LandmarkRidge, Matern
 
 
 def _inputs(n, d, q, seed=0):
@@ -102,12 +103,22 @@ def test_per_target_alpha_and_its_gradient():
 
 
 def test_backward_uses_one_adjoint_solve_and_reports_it():
+    """The adjoint solve runs with the fit's preconditioner: it converges within the fit's iterations + 5
+    (a ConvergenceWarning otherwise), and the backward writes nothing on the estimator."""
     X, Y, Xq = _inputs(60, 3, 5)
     X.requires_grad_()
-    est = KernelRidge(Matern(2.5, 0.5), 0.5, source="streamed", rtol=1e-10).fit(X, Y)
-    est.predict(Xq).sum().backward()
-    assert est.adjoint_info_.converged and est.adjoint_info_.iterations <= est.info_.iterations + 5
+    iterations = KernelRidge(Matern(2.5, 0.5), 0.5, source="streamed", rtol=1e-10).fit(X.detach(), Y).info_.iterations
+    est = KernelRidge(Matern(2.5, 0.5), 0.5, source="streamed", rtol=1e-10, maxiter=iterations + 5).fit(X, Y)
+    before = dict(vars(est))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        est.predict(Xq).sum().backward()
+    assert vars(est).keys() == before.keys() and all(vars(est)[k] is v for k, v in before.items())
     assert torch.isfinite(X.grad).all()
+    with pytest.warns(ConvergenceWarning, match="the fit"):
+        starved = KernelRidge(Matern(2.5, 0.5), 0.5, source="streamed", preconditioner=None, rtol=1e-10, maxiter=2).fit(X, Y)
+    with pytest.warns(ConvergenceWarning, match="adjoint solve"):  # a starved adjoint says so
+        torch.autograd.grad(starved.predict(Xq).sum(), [X])
 
 
 def test_no_graph_through_iterations_without_grad():
