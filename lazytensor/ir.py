@@ -46,6 +46,17 @@ def creation_index(sym: sympy.Symbol) -> int:
     return int(sym.name[1:]) if sym.name[1:].isdigit() else -1
 
 
+def _constants(*args: sympy.Expr, finite: bool = False) -> bool:
+    """Whether a function's arguments are all constants, so that it folds to a sympy value.
+
+    Any constant folds (``1 / (1 + exp(-1))`` as well as ``2``), not only
+    number literals: no function of ours of constants may reach the lowering,
+    which turns constants into floats with sympy's ``evalf``, and that knows
+    only sympy's own functions. ``finite`` for folds that compare their argument.
+    """
+    return all(a.is_number and (not finite or a.is_finite) for a in args)
+
+
 class FSum(sympy.Function):
     """Sum over the feature axis of ``arg`` broadcast to ``width`` features: (..., D) -> (..., 1)."""
 
@@ -69,8 +80,8 @@ class Sigmoid(sympy.Function):
     nargs = 1
 
     @classmethod
-    def eval(cls, arg):  # constants fold, so no constant function of constants reaches the lowering
-        return 1 / (1 + sympy.exp(-arg)) if arg.is_Number else None
+    def eval(cls, arg):  # constants fold (see ``_constants``)
+        return 1 / (1 + sympy.exp(-arg)) if _constants(arg) else None
 
     def fdiff(self, argindex=1):
         s = Sigmoid(self.args[0])
@@ -84,7 +95,7 @@ class Step(sympy.Function):
 
     @classmethod
     def eval(cls, arg):
-        return (sympy.Integer(1) if arg > 0 else sympy.Integer(0)) if arg.is_Number and arg.is_finite else None
+        return (sympy.Integer(1) if arg > 0 else sympy.Integer(0)) if _constants(arg, finite=True) else None
 
     def fdiff(self, argindex=1):
         return sympy.Integer(0)
@@ -95,7 +106,7 @@ class Relu(sympy.Function):
 
     @classmethod
     def eval(cls, arg):
-        return sympy.Max(arg, 0) if arg.is_Number else None
+        return sympy.Max(arg, 0) if _constants(arg) else None
 
     def fdiff(self, argindex=1):
         return Step(self.args[0])
@@ -108,7 +119,7 @@ class InRange(sympy.Function):
 
     @classmethod
     def eval(cls, a, lo, hi):
-        if a.is_Number and lo.is_Number and hi.is_Number:
+        if _constants(a, lo, hi, finite=True):
             return sympy.Integer(1) if lo <= a <= hi else sympy.Integer(0)
         return None
 
@@ -127,7 +138,7 @@ class Clamp(sympy.Function):
 
     @classmethod
     def eval(cls, a, lo, hi):
-        return sympy.Min(sympy.Max(a, lo), hi) if a.is_Number and lo.is_Number and hi.is_Number else None
+        return sympy.Min(sympy.Max(a, lo), hi) if _constants(a, lo, hi) else None
 
     def fdiff(self, argindex=1):
         a, lo, hi = self.args
@@ -151,7 +162,7 @@ class ZeroSafePow(sympy.Function):
 
     @classmethod
     def eval(cls, base, exponent):
-        if base.is_Number and exponent.is_Number:
+        if _constants(base, exponent):
             return sympy.Integer(0) if base == 0 else base**exponent
         return None
 
@@ -169,7 +180,7 @@ class Floor(sympy.Function):
 
     @classmethod
     def eval(cls, arg):
-        return sympy.floor(arg) if arg.is_Number else None
+        return sympy.floor(arg) if _constants(arg) else None
 
     def fdiff(self, argindex=1):
         return sympy.Integer(0)
@@ -180,6 +191,13 @@ class Round(sympy.Function):
 
     nargs = 2
 
+    @classmethod
+    def eval(cls, a, decimals):
+        if not _constants(a, decimals, finite=True):
+            return None
+        scale = sympy.Integer(10) ** decimals
+        return sympy.sign(a) * sympy.floor(abs(a) * scale + sympy.Rational(1, 2)) / scale
+
     def fdiff(self, argindex=1):
         return sympy.Integer(0)
 
@@ -188,6 +206,12 @@ class XLogX(sympy.Function):
     """a log a, with 0 log 0 = 0 (KeOps's XLogX)."""
 
     nargs = 1
+
+    @classmethod
+    def eval(cls, a):
+        if _constants(a, finite=True):  # like torch: nan below 0
+            return sympy.Integer(0) if a == 0 else (a * sympy.log(a) if a > 0 else sympy.nan)
+        return None
 
     def fdiff(self, argindex=1):
         return sympy.log(self.args[0]) + 1
@@ -206,13 +230,24 @@ class SinXDivXDiff(sympy.Function):
 
     nargs = 2
 
+    @classmethod
+    def eval(cls, a, order):
+        if not _constants(a, finite=True):
+            return None
+        t = sympy.Dummy("t", real=True)
+        return sympy.limit(sympy.diff(sympy.sin(t) / t, t, int(order)), t, 0) if a == 0 else cls.expansion_at(a, order)
+
     def fdiff(self, argindex=1):
         return SinXDivXDiff(self.args[0], self.args[1] + 1) if argindex == 1 else sympy.Integer(0)
 
     def expansion(self, arg: sympy.Expr) -> sympy.Expr:
         """The closed form away from 0."""
+        return self.expansion_at(arg, self.args[1])
+
+    @staticmethod
+    def expansion_at(arg: sympy.Expr, order) -> sympy.Expr:
         t = sympy.Dummy("t", real=True)
-        return sympy.diff(sympy.sin(t) / t, t, int(self.args[1])).xreplace({t: arg})
+        return sympy.diff(sympy.sin(t) / t, t, int(order)).xreplace({t: arg})
 
     def series(self, arg: sympy.Expr) -> sympy.Expr:
         """The Taylor series at 0 in Horner form, to double precision for |arg| <= SERIES_RADIUS.
