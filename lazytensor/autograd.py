@@ -6,12 +6,12 @@ one pass over its tiles (multi-pass reductions run on their own) through
 particular reduction:
 
 - backward: each reduction hands a ``Backward`` collector cotangents on its
-  formula's tile values (or on selected pairs); ``ir.vjp`` turns them into
+  formula's tile values (or on selected pairs); ``diff.vjp`` turns them into
   formulas for every input and they run as ONE streamed pass of sums (over j
   for i-variables and parameters, over i for j-variables), again through
   ``reduce``, so the backward is itself differentiable: gradients of any
   order, Hessian-vector products, gradient penalties;
-- forward mode (``jvp``): the formula's tangent (``ir.jvp``) is summed the
+- forward mode (``jvp``): the formula's tangent (``diff.jvp``) is summed the
   same way (``Forward`` collector), for ``torch.func.jvp`` / ``jacfwd``;
 - vmap: vmapped dimensions become the problem's batch dimension.
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from . import engine, ir
+from . import diff, engine, ir
 from .reductions import Sum
 
 
@@ -235,7 +235,7 @@ class Backward(_Collector):
 
         if self.pairs:
             full = self.full_problem()
-            for sym, g in self._gradients(full, ir.vjp(self.pairs, self.wanted, full.info)).items():
+            for sym, g in self._gradients(full, diff.vjp(self.pairs, self.wanted, full.info)).items():
                 add(sym, g)
         for expr, index, cot in self.selections:
             index, mine = self.local(index)  # sharded: each rank differentiates the pairs in its shard
@@ -245,7 +245,7 @@ class Backward(_Collector):
                     cot = cot * mine.unsqueeze(-1)
                 pairs, selections = _pairs(self.full_problem(), index)
                 g = pairs.extended({ir.new_variable_symbol(): (cot.reshape(cot.shape[0], -1, cot.shape[-1]), "i")})
-                formulas = ir.vjp([(expr, g.order[-1])], self.wanted, g.info)
+                formulas = diff.vjp([(expr, g.order[-1])], self.wanted, g.info)
                 contributions = {sym: self._unpair(sym, c, index, selections)
                                  for sym, c in self._gradients(g, formulas, **_PAIRS).items()}
             for sym in self.wanted:
@@ -291,7 +291,7 @@ class Forward(_Collector):
         self.selections: list[tuple[sympy.Expr, torch.Tensor]] = []
 
     def tangent(self, expr: sympy.Expr) -> sympy.Expr:
-        return ir.jvp(expr, self.tangents, self.info)
+        return diff.jvp(expr, self.tangents, self.info)
 
     def summed(self, expr: sympy.Expr, reduced_axis: str, dim: int):
         self.sums.append((expr, reduced_axis, dim))

@@ -7,9 +7,10 @@ function ``FSum(arg, width)``: the sum over the ``width`` features of ``arg``
 broadcast to that width, so a squared distance stays one node,
 ``FSum((x - y)**2, D)``, instead of D unrolled terms, and a size-1 term inside
 a contraction counts D times, as in torch. sympy gives us canonical forms,
-structural sharing and exact local derivatives; ``vjp`` and ``jvp`` below
-chain them into reverse- and forward-mode formulas that are themselves IR, so
-derivatives of any order are formulas the same engine runs.
+structural sharing and exact local derivatives (chained into reverse- and
+forward-mode formulas by ``diff``). Besides the node vocabulary this module
+holds the queries the lowering asks of an expression (feature size, axes,
+product structure for matrix-product sums, constants to lift).
 """
 from __future__ import annotations
 
@@ -45,6 +46,17 @@ def creation_index(sym: sympy.Symbol) -> int:
     return int(sym.name[1:]) if sym.name[1:].isdigit() else -1
 
 
+def _constants(*args: sympy.Expr, finite: bool = False) -> bool:
+    """Whether a function's arguments are all constants, so that it folds to a sympy value.
+
+    Any constant folds (``1 / (1 + exp(-1))`` as well as ``2``), not only
+    number literals: no function of ours of constants may reach the lowering,
+    which turns constants into floats with sympy's ``evalf``, and that knows
+    only sympy's own functions. ``finite`` for folds that compare their argument.
+    """
+    return all(a.is_number and (not finite or a.is_finite) for a in args)
+
+
 class FSum(sympy.Function):
     """Sum over the feature axis of ``arg`` broadcast to ``width`` features: (..., D) -> (..., 1)."""
 
@@ -68,8 +80,8 @@ class Sigmoid(sympy.Function):
     nargs = 1
 
     @classmethod
-    def eval(cls, arg):  # constants fold, so no constant function of constants reaches the lowering
-        return 1 / (1 + sympy.exp(-arg)) if arg.is_Number else None
+    def eval(cls, arg):  # constants fold (see ``_constants``)
+        return 1 / (1 + sympy.exp(-arg)) if _constants(arg) else None
 
     def fdiff(self, argindex=1):
         s = Sigmoid(self.args[0])
@@ -83,7 +95,7 @@ class Step(sympy.Function):
 
     @classmethod
     def eval(cls, arg):
-        return (sympy.Integer(1) if arg > 0 else sympy.Integer(0)) if arg.is_Number and arg.is_finite else None
+        return (sympy.Integer(1) if arg > 0 else sympy.Integer(0)) if _constants(arg, finite=True) else None
 
     def fdiff(self, argindex=1):
         return sympy.Integer(0)
@@ -94,7 +106,7 @@ class Relu(sympy.Function):
 
     @classmethod
     def eval(cls, arg):
-        return sympy.Max(arg, 0) if arg.is_Number else None
+        return sympy.Max(arg, 0) if _constants(arg) else None
 
     def fdiff(self, argindex=1):
         return Step(self.args[0])
@@ -107,7 +119,7 @@ class InRange(sympy.Function):
 
     @classmethod
     def eval(cls, a, lo, hi):
-        if a.is_Number and lo.is_Number and hi.is_Number:
+        if _constants(a, lo, hi, finite=True):
             return sympy.Integer(1) if lo <= a <= hi else sympy.Integer(0)
         return None
 
@@ -126,7 +138,7 @@ class Clamp(sympy.Function):
 
     @classmethod
     def eval(cls, a, lo, hi):
-        return sympy.Min(sympy.Max(a, lo), hi) if a.is_Number and lo.is_Number and hi.is_Number else None
+        return sympy.Min(sympy.Max(a, lo), hi) if _constants(a, lo, hi) else None
 
     def fdiff(self, argindex=1):
         a, lo, hi = self.args
@@ -150,7 +162,7 @@ class ZeroSafePow(sympy.Function):
 
     @classmethod
     def eval(cls, base, exponent):
-        if base.is_Number and exponent.is_Number:
+        if _constants(base, exponent):
             return sympy.Integer(0) if base == 0 else base**exponent
         return None
 
@@ -168,7 +180,7 @@ class Floor(sympy.Function):
 
     @classmethod
     def eval(cls, arg):
-        return sympy.floor(arg) if arg.is_Number else None
+        return sympy.floor(arg) if _constants(arg) else None
 
     def fdiff(self, argindex=1):
         return sympy.Integer(0)
@@ -179,6 +191,13 @@ class Round(sympy.Function):
 
     nargs = 2
 
+    @classmethod
+    def eval(cls, a, decimals):
+        if not _constants(a, decimals, finite=True):
+            return None
+        scale = sympy.Integer(10) ** decimals
+        return sympy.sign(a) * sympy.floor(abs(a) * scale + sympy.Rational(1, 2)) / scale
+
     def fdiff(self, argindex=1):
         return sympy.Integer(0)
 
@@ -187,6 +206,12 @@ class XLogX(sympy.Function):
     """a log a, with 0 log 0 = 0 (KeOps's XLogX)."""
 
     nargs = 1
+
+    @classmethod
+    def eval(cls, a):
+        if _constants(a, finite=True):  # like torch: nan below 0
+            return sympy.Integer(0) if a == 0 else (a * sympy.log(a) if a > 0 else sympy.nan)
+        return None
 
     def fdiff(self, argindex=1):
         return sympy.log(self.args[0]) + 1
@@ -205,13 +230,24 @@ class SinXDivXDiff(sympy.Function):
 
     nargs = 2
 
+    @classmethod
+    def eval(cls, a, order):
+        if not _constants(a, finite=True):
+            return None
+        t = sympy.Dummy("t", real=True)
+        return sympy.limit(sympy.diff(sympy.sin(t) / t, t, int(order)), t, 0) if a == 0 else cls.expansion_at(a, order)
+
     def fdiff(self, argindex=1):
         return SinXDivXDiff(self.args[0], self.args[1] + 1) if argindex == 1 else sympy.Integer(0)
 
     def expansion(self, arg: sympy.Expr) -> sympy.Expr:
         """The closed form away from 0."""
+        return self.expansion_at(arg, self.args[1])
+
+    @staticmethod
+    def expansion_at(arg: sympy.Expr, order) -> sympy.Expr:
         t = sympy.Dummy("t", real=True)
-        return sympy.diff(sympy.sin(t) / t, t, int(self.args[1])).xreplace({t: arg})
+        return sympy.diff(sympy.sin(t) / t, t, int(order)).xreplace({t: arg})
 
     def series(self, arg: sympy.Expr) -> sympy.Expr:
         """The Taylor series at 0 in Horner form, to double precision for |arg| <= SERIES_RADIUS.
@@ -374,12 +410,12 @@ def _indicator(cond) -> sympy.Expr:
     return sympy.Piecewise((sympy.Integer(1), cond), (sympy.Integer(0), True))
 
 
-_LOGICAL = (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction, sympy.logic.boolalg.BooleanAtom)
+LOGICAL = (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction, sympy.logic.boolalg.BooleanAtom)
 
 
 def numeric(expr: sympy.Expr) -> sympy.Expr:
     """A comparison or logical formula as a number: 1 where it holds, else 0."""
-    if isinstance(expr, _LOGICAL):
+    if isinstance(expr, LOGICAL):
         if expr == sympy.true:
             return sympy.Integer(1)
         if expr == sympy.false:
@@ -390,7 +426,7 @@ def numeric(expr: sympy.Expr) -> sympy.Expr:
 
 def condition(expr: sympy.Expr):
     """A formula used as a condition: itself if boolean, else ``expr != 0``."""
-    if isinstance(expr, _LOGICAL):
+    if isinstance(expr, LOGICAL):
         return expr
     if isinstance(expr, sympy.Piecewise) and expr.args[-1] == (0, True) and len(expr.args) == 2 and expr.args[0][0] == 1:
         return expr.args[0][1]  # an indicator: back to its condition
@@ -415,117 +451,6 @@ def feature_dim(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]) -> int:
 def axes_of(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]) -> frozenset[str]:
     """The indexed axes ('i', 'j') an expression depends on."""
     return frozenset(info[s].axis for s in expr.free_symbols if info[s].axis != "p")
-
-
-def local_partial(node: sympy.Expr, k: int) -> sympy.Expr:
-    """d node / d arg_k, by sympy on placeholder symbols (fractional powers: 0 at a zero base)."""
-    if isinstance(node, sympy.Pow) and k == 0:
-        base, exponent = node.args
-        if exponent.is_Number and 0 < exponent < 1:
-            return exponent * ZeroSafePow(base, exponent - 1)
-    holders = [sympy.Dummy(f"a{n}", real=True) for n in range(len(node.args))]
-    generic = node.func(*holders)
-    return sympy.diff(generic, holders[k]).xreplace(dict(zip(holders, node.args)))
-
-
-def _pieces(node: sympy.Piecewise):
-    """Each branch of a Piecewise with the 0/1 indicator of being the branch taken."""
-    earlier = []
-    for value, cond in node.args:
-        taken = [(sympy.Integer(0), c) for c in earlier] + [(sympy.Integer(1), cond), (sympy.Integer(0), True)]
-        yield value, sympy.Piecewise(*taken)
-        earlier.append(cond)
-
-
-def _differentiable_args(node: sympy.Expr):
-    """(argument, its local partial) pairs; Piecewise conditions are locally constant."""
-    if isinstance(node, sympy.Piecewise):
-        return list(_pieces(node))
-    if isinstance(node, _LOGICAL):
-        return []
-    return [(arg, local_partial(node, k)) for k, arg in enumerate(node.args)]
-
-
-def vjp(
-    outputs: list[tuple[sympy.Expr, sympy.Expr]],
-    wrt: list[sympy.Symbol],
-    info: dict[sympy.Symbol, VarInfo],
-) -> dict[sympy.Symbol, sympy.Expr]:
-    """Reverse-mode vector-Jacobian products as IR.
-
-    ``outputs`` pairs each output expression with its cotangent expression
-    (same feature size, or 1 to broadcast). Returns, for each symbol in
-    ``wrt``, the expression of sum_k <cot_k, d out_k / d symbol> with the
-    symbol's feature size. Elementwise nodes use sympy's exact local
-    derivatives; where an argument broadcasts (feature size 1 under a size-D
-    node) its cotangent is summed over features, and ``FSum`` hands its scalar
-    cotangent to every feature of its argument (D times to a size-1 argument).
-    """
-    targets = set(wrt)
-    grads: dict[sympy.Symbol, sympy.Expr] = {s: sympy.Integer(0) for s in wrt}
-
-    def visit(node: sympy.Expr, cot: sympy.Expr) -> None:
-        if cot == 0 or not (node.free_symbols & targets):
-            return
-        if isinstance(node, sympy.Symbol):
-            grads[node] = grads[node] + cot
-            return
-        if isinstance(node, FSum):
-            arg, width = node.args
-            visit(arg, cot * width if feature_dim(arg, info) == 1 else cot)
-            return
-        if isinstance(node, VectorOp):
-            for k, arg in enumerate(node.args):
-                if isinstance(arg, sympy.Expr) and arg.free_symbols & targets:
-                    arg_cot = node.pullback(k, cot, info)
-                    if arg_cot is not None:
-                        visit(arg, arg_cot)
-            return
-        node_dim = feature_dim(node, info)
-        for arg, partial in _differentiable_args(node):
-            if not (arg.free_symbols & targets):
-                continue
-            arg_cot = cot * partial
-            if node_dim > 1 and feature_dim(arg, info) == 1:
-                arg_cot = feature_sum(arg_cot, node_dim)
-            visit(arg, arg_cot)
-
-    for out, cot in outputs:
-        visit(out, cot)
-    result = {}
-    for s, g in grads.items():
-        width = feature_dim(g, info)
-        if info[s].dim == 1 and width > 1:
-            g = feature_sum(g, width)  # a scalar variable broadcast over features
-        result[s] = g
-    return result
-
-
-def jvp(expr: sympy.Expr, tangents: dict[sympy.Symbol, sympy.Symbol], info: dict[sympy.Symbol, VarInfo]) -> sympy.Expr:
-    """Forward-mode directional derivative of ``expr`` as IR.
-
-    ``tangents`` maps variables to the symbols of their tangents (same axis
-    and feature size); variables without a tangent are constants.
-    """
-    memo: dict[sympy.Expr, sympy.Expr] = {}
-
-    def visit(node: sympy.Expr) -> sympy.Expr:
-        if node in memo:
-            return memo[node]
-        if not (node.free_symbols & tangents.keys()):
-            out = sympy.Integer(0)
-        elif isinstance(node, sympy.Symbol):
-            out = tangents[node]
-        elif isinstance(node, FSum):
-            out = FSum(visit(node.args[0]), node.args[1])
-        elif isinstance(node, VectorOp):
-            out = node.pushforward([visit(a) if isinstance(a, sympy.Expr) else None for a in node.args], info)
-        else:
-            out = sympy.Add(*(partial * visit(arg) for arg, partial in _differentiable_args(node)))
-        memo[node] = out
-        return out
-
-    return visit(expr)
 
 
 def split_product(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]):

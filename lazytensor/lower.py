@@ -127,8 +127,8 @@ class TileSource:
         if expr in _SPECIAL_CONSTANTS:
             return _SPECIAL_CONSTANTS[expr]
         value = complex(expr.evalf())
-        if value.imag != 0:
-            raise UnsupportedFormula(f"constant {expr} is not real")
+        if value.imag != 0:  # sqrt(-1) and the like: nan, as torch's real functions give
+            return "nan"
         real = value.real
         return repr(real) if math.isfinite(real) else ("nan" if math.isnan(real) else ("inf" if real > 0 else "-inf"))
 

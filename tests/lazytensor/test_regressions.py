@@ -389,3 +389,38 @@ def test_compile_failure_at_a_later_call_falls_back(monkeypatch):
         torch.testing.assert_close(f.sum(1, backend="compiled"), ref)
     with pytest.warns(kernels.CompileFallbackWarning):
         torch.testing.assert_close(f.sum(1, backend="compiled"), ref)
+
+
+# -- a formula that folds to a constant function of constants crashed the lowering (sympy's evalf
+#    does not know our functions: Sigmoid(1 / (1 + exp(-1))) raised "Cannot convert expression to float")
+def _round_away(t, decimals):
+    scale = 10.0**decimals
+    return torch.sign(t) * torch.floor(t.abs() * scale + 0.5) / scale
+
+
+def _sinc(t):
+    return torch.where(t == 0, torch.ones_like(t), torch.sin(t) / t)
+
+
+@pytest.mark.parametrize("name, lazy, dense", [
+    ("sigmoid", lambda c: c.sigmoid().sigmoid(), lambda t: torch.sigmoid(torch.sigmoid(t))),
+    ("relu", lambda c: (c.exp() - 3).relu(), lambda t: torch.relu(torch.exp(t) - 3)),
+    ("relu+", lambda c: (c.exp() - 2).relu(), lambda t: torch.relu(torch.exp(t) - 2)),
+    ("step", lambda c: (c.exp() - 2).step(), lambda t: (torch.exp(t) - 2 > 0).double()),
+    ("floor", lambda c: (c.exp() * 2).floor(), lambda t: torch.floor(torch.exp(t) * 2)),
+    ("round", lambda c: (c.exp() * 2).round(1), lambda t: _round_away(torch.exp(t) * 2, 1)),
+    ("clamp", lambda c: c.exp().clamp(0.5, 2.0), lambda t: torch.exp(t).clamp(0.5, 2.0)),
+    ("xlogx", lambda c: c.exp().xlogx(), lambda t: torch.exp(t) * t),
+    ("xlogx<0", lambda c: (-c.exp()).xlogx(), lambda t: torch.full_like(t, math.nan)),
+    ("sinxdivx", lambda c: c.exp().sinxdivx(), lambda t: _sinc(torch.exp(t))),
+    ("sinxdivx(0)", lambda c: (c - 1).sinxdivx(), lambda t: _sinc(t - 1)),
+    ("sqrt(-1)", lambda c: (-c).sqrt(), lambda t: torch.sqrt(-t)),
+])
+def test_constant_functions_of_constants_fold(name, lazy, dense):
+    x = torch.randn(3, 2, dtype=torch.float64)
+    y = torch.randn(4, 2, dtype=torch.float64)
+    a = lt.Vi(x)
+    one = a - a + 1  # folds to the constant 1 in the IR (of width 2)
+    out = (lazy(one) + lt.Vi(x).dot(lt.Vj(y)) * 0.0).sum(1)
+    ref = dense(torch.ones((), dtype=torch.float64)) * 4
+    torch.testing.assert_close(out, ref.expand(3, 2), equal_nan=True, **F64)
