@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from . import autograd, distributed, engine, ir, reductions
-from .formula import LazyTensor, _axis, as_lazy
+from .lazy_tensor import LazyTensor, _axis, as_lazy
 
 # name -> (factory(expr, info, argument), which outputs the caller gets)
 _NAMES = {
