@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from .cluster import swap_axes
-from .lazy_tensor import LazyTensor, _Variable
+from .lazy_tensor import LazyTensor
+from .variables import Variable as _Variable
 
 # Relative residual ||b - A a|| / ||b|| at which CG stops, per dtype (float32 products stall near 1e-5 at cond ~1e3).
 DEFAULT_RTOL = {torch.float32: 1e-4, torch.float64: 1e-10}
