@@ -8,7 +8,7 @@ import os as _os
 
 from . import cluster, distributed
 from .events import stream
-from .formula import LazyTensor, Pm, Vi, Vj, lazy, where
+from .lazy_tensor import LazyTensor, Pm, Vi, Vj, lazy, where
 from .ops import attention, distance_quantile, distance_sum, kernel_regression, knn_regression, rbf_matmul
 from .parse import formula
 

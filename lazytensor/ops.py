@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from . import distributed
 from .attention import streamed_attention
-from .formula import Pm, Vi, Vj
+from .lazy_tensor import Pm, Vi, Vj
 from .reductions.quantile import quantile_ranks
 
 IMPLS = ("streamed", "dense")

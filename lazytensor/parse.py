@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 import math
 
-from .formula import LazyTensor, as_lazy, where
+from .lazy_tensor import LazyTensor, as_lazy, where
 
 # Functions whose first argument is the formula: f(x, *args) is x.f(*args).
 METHODS = (

@@ -14,7 +14,8 @@ import copy
 import numpy as np
 import torch
 
-from .formula import LazyTensor, _Variable
+from .lazy_tensor import LazyTensor
+from .variables import Variable
 
 SOLVE_OPTIONS = ("rtol", "maxiter", "backend", "chunk_size", "ranges")
 
@@ -32,7 +33,7 @@ def _dense_rhs(b):
 def _torch_formula(K: LazyTensor, ranges) -> LazyTensor:
     """K with torch results (NumPy variables are torch tensors inside) and the block sparsity ``ranges``."""
     out = copy.copy(K)
-    out.variables = {s: _Variable(v.axis, v.tensor, v.follows_dtype) for s, v in K.variables.items()}
+    out.variables = {s: Variable(v.axis, v.tensor, v.follows_dtype) for s, v in K.variables.items()}
     out.ranges = ranges
     return out
 

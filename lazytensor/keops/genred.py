@@ -4,7 +4,7 @@
 reduction_op="Sum", axis=1)(x, y, b)`` parses the aliases (``name = Vi(dim)``,
 ``Vi(index, dim)``, ``Vj``, ``Pm``, ``Var(index, dim, category)``), wraps the
 call's arguments in their order as Vi / Vj / Pm, evaluates the formula with
-``lazytensor.formula`` (KeOps's operation names are part of its language; inline
+``lazytensor.lazy_tensor`` (KeOps's operation names are part of its language; inline
 ``Vi(k, d)`` are the k-th argument) and runs the reduction. ``generic_sum(formula,
 "out = Vi(1)", *aliases)`` is the same with the output's axis naming the kept one.
 """

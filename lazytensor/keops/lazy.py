@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..formula import LazyTensor as CoreLazyTensor
+from ..lazy_tensor import LazyTensor as CoreLazyTensor
 
 # KeOps's map-reduce schemes: how KeOps schedules its loop, not what it computes. Ours picks its own.
 KEOPS_BACKENDS = ("auto", "CPU", "GPU", "GPU_1D", "GPU_2D", "GPU_1D_device", "GPU_1D_host", "GPU_2D_device", "GPU_2D_host")

@@ -2,7 +2,9 @@
 
 A new reduction is one module here; ``autograd.reduce`` runs any list of
 them in one pass (forward, backward, forward-mode and under vmap) without
-knowing which they are.
+knowing which they are. ``named`` is the table of the user-facing names
+(``"sum"``, ``"kmin"``, ...): which class, argument, outputs and shaping each
+one means for ``LazyTensor``'s methods and ``lazytensor.stream``.
 """
 from .base import Consumer, Reduction
 from .lse_weight import LogSumExpWeight

@@ -52,6 +52,27 @@ def test_bad_reduction_specs():
     with pytest.raises(ValueError, match="non-empty list"):
         lt.stream(K, "sum")
     with pytest.raises(ValueError, match="plain name"):
-        lt.stream(K, [("sum", 2)])
+        lt.stream(K, [("max", 2)])
     with pytest.raises(TypeError, match="LazyTensor"):
         lt.stream(torch.ones(3), ["sum"])
+
+
+def test_every_named_reduction_streams_as_its_method():
+    """stream and the methods read one table: each name gives what the method of that name gives."""
+    from lazytensor.reductions import named
+
+    x, y, b, K = formula()
+    K32 = (-lt.Vi(x.float()).sqdist(lt.Vj(y.float()))).exp()
+    arguments = {"k": 2, "values": b, "weight": b.abs() + 0.1, "q": 0.3, "dtype_acc": torch.float64}
+    for name, entry in named.NAMES.items():
+        source = K32 if entry.argument == "dtype_acc" else K
+        argument = arguments.get(entry.argument)
+        (got,) = lt.stream(source, [name if argument is None else (name, argument)], backend="eager")
+        method = getattr(source, name)
+        want = method(backend="eager") if argument is None else (
+            method(argument, backend="eager") if entry.argument in ("k", "values", "q") else
+            method(**{entry.argument: argument}, backend="eager"))
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert g.shape == w.shape and g.dtype == w.dtype, name
+            torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    assert lt.stream(K32, [("sum", torch.float64)])[0].dtype == torch.float64

@@ -1,0 +1,183 @@
+"""A formula's variables: their axis and tensor, and the engine problem they make.
+
+A LazyTensor holds ``{symbol: Variable}``. This module reads the axis of a
+tensor (``lazy(t, axis)`` or KeOps's singleton layout), normalizes its shape,
+checks that a formula's variables agree (dtype, device, lengths, NumPy or
+torch), and flattens their batch dimensions into the engine's one batch
+dimension when a reduction runs.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import sympy
+import torch
+
+from . import engine, ir
+
+
+class Variable:
+    """A variable's axis and tensor: (*batch, N, D) for i/j, (*batch, D) for parameters.
+
+    ``follows_dtype`` marks parameters made from Python numbers: they take the
+    dtype and device of the other variables when the formula runs; ``numpy``
+    marks arrays that came from NumPy (their results go back as NumPy).
+    """
+
+    __slots__ = ("axis", "tensor", "follows_dtype", "numpy")
+
+    def __init__(self, axis: str, tensor: torch.Tensor, follows_dtype: bool = False, numpy: bool = False):
+        self.axis, self.tensor, self.follows_dtype, self.numpy = axis, tensor, follows_dtype, numpy
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.tensor.shape[:-1] if self.axis == "p" else self.tensor.shape[:-2]
+
+
+def wrap(x, axis) -> tuple[sympy.Expr, dict, int]:
+    """What ``LazyTensor(x, axis)`` holds: its expression, its variables and its feature size.
+
+    ``x`` is a number (a constant), a list of numbers (KeOps: a parameter that
+    follows the formula's dtype), a tensor or a NumPy array; ``axis`` None
+    reads KeOps's singleton layout.
+    """
+    if isinstance(x, np.generic) and not isinstance(x, np.ndarray):
+        x = x.item()
+    if isinstance(x, bool) or (isinstance(x, (int, float)) and axis is not None):
+        raise TypeError(f"LazyTensor expects a tensor, an array, a number or a LazyTensor, got {x!r}")
+    if isinstance(x, (int, float)):
+        return (sympy.Float(x) if isinstance(x, float) else sympy.Integer(x)), {}, 1
+    follows_dtype = isinstance(x, list)
+    if follows_dtype:
+        x, axis = torch.tensor([float(v) for v in x]), "p"
+    from_numpy = isinstance(x, np.ndarray)
+    if from_numpy:
+        x = torch.from_numpy(x)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"LazyTensor expects a torch.Tensor, a NumPy array, a number or a LazyTensor, got {type(x).__name__}")
+    x, axis = keops_layout(x) if axis is None else (x, axis_name(axis))
+    tensor = normalized(x, axis)
+    symbol = ir.new_variable_symbol()
+    return symbol, {symbol: Variable(axis, tensor, follows_dtype, from_numpy)}, tensor.shape[-1]
+
+
+def transposed(variables: dict) -> tuple[dict, dict]:
+    """i-variables as j-variables and back, under new symbols: (old symbol -> new, the new variables)."""
+    renamed, swapped = {}, {}
+    for s, v in variables.items():
+        if v.axis == "p":
+            swapped[s] = v
+            continue
+        renamed[s] = ir.new_variable_symbol()
+        swapped[renamed[s]] = Variable({"i": "j", "j": "i"}[v.axis], v.tensor, v.follows_dtype, v.numpy)
+    return renamed, swapped
+
+
+def keops_layout(x: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """The axis from KeOps-style singleton dims: (..., N, 1, D) -> i, (..., 1, M, D) -> j, (..., 1, 1, D) -> p."""
+    if x.dim() >= 3:
+        if x.shape[-3] == 1 and x.shape[-2] == 1:
+            return x.squeeze(-2).squeeze(-2), "p"
+        if x.shape[-2] == 1:
+            return x.squeeze(-2), "i"
+        if x.shape[-3] == 1:
+            return x.squeeze(-3), "j"
+        raise ValueError(
+            f"cannot tell the axis of a tensor of shape {tuple(x.shape)}: use x[:, None, :] for i, y[None, :, :] for j, "
+            "p[None, None, :] for a parameter, or Vi/Vj/Pm"
+        )
+    if x.dim() <= 1:
+        return x, "p"
+    raise ValueError(f"cannot tell the axis of a 2-D tensor of shape {tuple(x.shape)}: use Vi(x), Vj(y), Pm(p) or axis=0/1/2")
+
+
+def axis_name(axis) -> str:
+    """'i' / 'j' / 'p', also as KeOps's 0 / 1 / 2."""
+    names = {0: "i", 1: "j", 2: "p", "i": "i", "j": "j", "p": "p"}
+    if isinstance(axis, bool) or axis not in names:
+        raise ValueError(f"axis must be 'i', 'j' or 'p' (or KeOps's 0, 1, 2), got {axis!r}")
+    return names[axis]
+
+
+def normalized(x: torch.Tensor, axis: str) -> torch.Tensor:
+    """i/j variables become (*batch, N, D); parameters (*batch, D)."""
+    if not x.is_floating_point():
+        raise TypeError(f"variables must be floating-point tensors, got dtype {x.dtype}")
+    if axis == "p":
+        return x.reshape(1) if x.dim() == 0 else x
+    if x.dim() == 0:
+        raise ValueError(f"an {axis}-variable must be (N,), (N, D) or (*batch, N, D), got a 0-D tensor")
+    return x.reshape(-1, 1) if x.dim() == 1 else x
+
+
+def info(variables: dict) -> dict[object, ir.VarInfo]:
+    return {s: ir.VarInfo(v.axis, v.tensor.shape[-1]) for s, v in variables.items()}
+
+
+def batch_shape(variables: dict) -> tuple:
+    try:
+        return tuple(torch.broadcast_shapes(*(v.batch_shape for v in variables.values())))
+    except RuntimeError:
+        raise ValueError(f"batch shapes {[tuple(v.batch_shape) for v in variables.values()]} do not broadcast") from None
+
+
+def from_numpy(variables: dict) -> bool:
+    """Whether results are NumPy arrays: every array variable came from NumPy."""
+    arrays = [v for v in variables.values() if not v.follows_dtype]
+    return bool(arrays) and all(v.numpy for v in arrays)
+
+
+def problem(variables: dict, axis: str) -> tuple[engine.Problem, tuple]:
+    """The engine problem reducing over ``axis`` (variables validated, batch dims flattened) and the batch shape."""
+    check(variables)
+    known = info(variables)
+    other = "i" if axis == "j" else "j"
+    if not any(v.axis == axis for v in known.values()):
+        size = "M (the number of j indices)" if axis == "j" else "N (the number of i indices)"
+        raise ValueError(f"cannot reduce over {axis!r}: the formula has no {axis}-indexed variable, so the reduced size "
+                         f"{size} is unknown; multiply by a {axis}-variable of that length (e.g. a column of ones)")
+    batch = batch_shape(variables)
+    flat = math.prod(batch)
+    tensors = {s: _flatten_batch(v, batch, flat) for s, v in variables.items()}
+    if not any(v.axis == other for v in known.values()):  # an i-only (j-only) formula: the kept axis has size 1
+        anchor = next(iter(tensors.values()))
+        missing = ir.new_variable_symbol()
+        known[missing] = ir.VarInfo(other, 1)
+        tensors[missing] = anchor.new_zeros(1, 1, 1)
+    out = engine.Problem(known, tensors)
+    return (out.swapped() if axis == "i" else out), batch
+
+
+def _flatten_batch(v: Variable, batch: tuple, flat: int) -> torch.Tensor:
+    """A variable as the engine sees it: (B, N, D) / (B, D) with B the flattened batch, or 1 where it does not vary."""
+    t = v.tensor
+    core = t.shape[-1:] if v.axis == "p" else t.shape[-2:]
+    if all(s == 1 for s in v.batch_shape):
+        return t.reshape(1, *core)
+    if tuple(v.batch_shape) != tuple(batch):
+        t = t.expand(*batch, *core)
+    return t.reshape(flat, *core)
+
+
+def check(variables: dict) -> None:
+    """Number-made parameters take the formula's dtype and device; the others must agree on them and on lengths."""
+    anchor = next((v.tensor for v in variables.values() if not v.follows_dtype), None)
+    if anchor is not None:
+        for v in variables.values():
+            if v.follows_dtype:
+                v.tensor = v.tensor.to(dtype=anchor.dtype, device=anchor.device)
+    if not variables:
+        raise ValueError("the formula has no variables")
+    ref, *rest = (v.tensor for v in variables.values())
+    for t in rest:
+        if t.dtype != ref.dtype:
+            raise TypeError(f"variable dtypes differ: {ref.dtype} and {t.dtype}; convert them to one dtype")
+        if t.device != ref.device:
+            raise ValueError(f"variable devices differ: {ref.device} and {t.device}")
+    if len({v.numpy for v in variables.values() if not v.follows_dtype}) > 1:
+        raise TypeError("a formula mixes NumPy arrays and torch tensors; use one of them (torch.from_numpy converts)")
+    for axis in ("i", "j"):
+        found = {v.tensor.shape[-2] for v in variables.values() if v.axis == axis}
+        if len(found) > 1:
+            raise ValueError(f"{axis}-variables have different lengths {sorted(found)}")
