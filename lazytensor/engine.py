@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from . import ir, kernels, threads
+from . import compile, ir, threads
 
 # Tile shape. Compiled tiles hold about PAIRS_PER_TILE pairs (256 x 1024: measured fastest
 # here for the RBF product at D = 3 and 32, forward and backward, 1.3-1.6x faster than
@@ -40,12 +40,6 @@ MIN_TILE = 16
 CUDA_PAIRS_PER_TILE = 1 << 26
 CUDA_TILE_BUDGET_BYTES = 1 << 30
 CUDA_MAX_TILE = 16384
-# "auto" tiers like a JIT: a formula runs eagerly until the eager time it has cost (this
-# process, problems of at least AUTO_COMPILE_MIN_PAIRS pairs) exceeds COMPILE_AFTER_SECONDS,
-# then compiles; a formula already compiled in this process compiles its new tile shapes at
-# once. A one-off call never waits seconds for a compile it cannot amortise; a loop pays one.
-AUTO_COMPILE_MIN_PAIRS = 1 << 22
-COMPILE_AFTER_SECONDS = 1.0
 # Under a sharding, row blocks' reduction states are merged across ranks in batches of about
 # this many bytes: one collective per batch instead of one per row block (latency dominates
 # small all-reduces), with bounded memory (quantile histograms are large).
@@ -193,13 +187,11 @@ def _functorch_active() -> bool:
 def use_compiled(backend: str, problem: Problem, formula_key=None) -> bool:
     """Whether a pass without a tier switch runs compiled tiles ("auto": once the formula's eager time paid for it)."""
     check_backend(backend)
-    if backend == "eager" or not kernels.compile_available() or torch.compiler.is_compiling() or _functorch_active():
+    if backend == "eager" or not compile.compile_available() or torch.compiler.is_compiling() or _functorch_active():
         return False
     if backend == "compiled":
         return True
-    if problem.size("i") * problem.size("j") < AUTO_COMPILE_MIN_PAIRS:
-        return False
-    return kernels.compiled_before(formula_key) or kernels.eager_seconds(formula_key) >= COMPILE_AFTER_SECONDS
+    return compile.worth_compiling(formula_key, problem.size("i") * problem.size("j"), compile.eager_seconds(formula_key))
 
 
 def _block(t: torch.Tensor, start: int, stop: int, extent: int, fixed: bool, features_first: bool = False) -> torch.Tensor:
@@ -404,7 +396,7 @@ def _run(loop: "_TileLoop", problem: Problem, consumers, backend, chunk_size, ra
     n, sharding = problem.size("i"), loop.sharding
     if sharding is not None:  # every rank must cut the same row blocks, so nothing may depend on its own shard or history
         compiled = use_compiled("eager" if backend == "eager" else "compiled", problem) and (
-            backend == "compiled" or n * sum(sizes) >= AUTO_COMPILE_MIN_PAIRS)
+            backend == "compiled" or n * sum(sizes) >= compile.AUTO_COMPILE_MIN_PAIRS)
         loop.run(plan_tiles(problem, consumers, chunk_size, compiled, m=max(sizes)), compiled)
         routes["compiled" if compiled else "eager"] += 1
     elif ranges is not None:
@@ -424,8 +416,8 @@ def _auto_tier(loop: "_TileLoop", problem: Problem, consumers, chunk_size, formu
     """The "auto" backend: compiled tiles when their kernel is ready, else eager ones while it compiles aside.
 
     A formula whose eager time (spent so far in this process, plus this call's
-    projection from its first row block) reaches ``COMPILE_AFTER_SECONDS`` on a
-    problem of at least ``AUTO_COMPILE_MIN_PAIRS`` pairs has its kernel
+    projection from its first row block) reaches ``compile.COMPILE_AFTER_SECONDS``
+    on a problem of at least ``compile.AUTO_COMPILE_MIN_PAIRS`` pairs has its kernel
     compiled in a background thread; the pass switches to it at the next row
     block once it is ready, and later calls start compiled. No call waits for a
     compile, and a cheap or one-off formula never pays for one.
@@ -437,13 +429,13 @@ def _auto_tier(loop: "_TileLoop", problem: Problem, consumers, chunk_size, formu
         loop.run(compiled_plan, True, kernel=kernel)
         routes["compiled"] += 1
         return
-    large = n * m >= AUTO_COMPILE_MIN_PAIRS
-    spent = kernels.eager_seconds(formula_key)
+    large = n * m >= compile.AUTO_COMPILE_MIN_PAIRS
+    spent = compile.eager_seconds(formula_key)
     started = time.perf_counter()
 
     def start_compile(projected: float) -> None:
         nonlocal kernel
-        if kernel is None and large and (kernels.compiled_before(formula_key) or spent + projected >= COMPILE_AFTER_SECONDS):
+        if kernel is None and compile.worth_compiling(formula_key, n * m, spent + projected):
             kernel = loop.kernel(compiled_plan, True)
             kernel.compile_in_background(loop.example_arguments(compiled_plan))
 
@@ -458,7 +450,7 @@ def _auto_tier(loop: "_TileLoop", problem: Problem, consumers, chunk_size, formu
     switch(0)  # a formula compiled before (another tile shape) or already worth it starts at once
     at = loop.run(plan_tiles(problem, consumers, chunk_size, False), False, switch=switch)
     if large:
-        kernels.record_eager(formula_key, time.perf_counter() - started)
+        compile.record_eager(formula_key, time.perf_counter() - started)
     start_compile(time.perf_counter() - started)  # a one-row-block call decides from its whole time
     if at < n:
         loop.run(compiled_plan, True, kernel=kernel, start=at)
@@ -497,8 +489,8 @@ class _TileLoop:
         """The tile kernel for ``plan`` (``create=False``: only a cached one, else None)."""
         shapes = ((plan.rows, plan.cols), tuple(self.tensors[s].shape[0] for s in self.problem.order)) if compiled else None
         if not create:
-            return kernels.cached_kernel(self.formula_key, shapes, compiled)
-        return kernels.tile_kernel(self.consumers, self.exprs, self.problem.info, self.problem.order,
+            return compile.cached_kernel(self.formula_key, shapes, compiled)
+        return compile.tile_kernel(self.consumers, self.exprs, self.problem.info, self.problem.order,
                                    formula=self.formula_key, shapes=shapes, compiled=compiled, expand=self.expand)
 
     def _rows(self, plan: TilePlan, compiled: bool, r0: int, r1: int):
