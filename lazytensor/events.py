@@ -16,6 +16,7 @@ import torch
 
 from . import autograd, distributed, engine, ir, reductions
 from .formula import LazyTensor, _axis, as_lazy
+from .plan import check_chunk_size
 
 # name -> (factory(expr, info, argument), which outputs the caller gets)
 _NAMES = {
@@ -63,7 +64,7 @@ def stream(source: LazyTensor, reductions, dim=1, *, backend: str = "auto", chun
         raise ValueError("stream: reductions must be a non-empty list, e.g. ['sum', 'max']")
     axis = _axis(dim)
     engine.check_backend(backend)
-    engine.check_chunk_size(chunk_size)
+    check_chunk_size(chunk_size)
     parsed = [_parse(spec, axis) for spec in reductions]
     values = [arg for name, arg in parsed if name == "softmax_weighted_sum"]
     combined = LazyTensor._build(source.expr, source, *values, width=source.width)

@@ -19,6 +19,8 @@ import sympy
 import torch
 
 from . import autograd, cluster, distributed, engine, ir, reductions
+from .plan import check_chunk_size, check_ranges
+from .problem import Problem
 
 Number = Union[int, float]
 # Options every reduction takes (``axis`` is KeOps's and NumPy's name for ``dim``; ``sum_scheme`` is KeOps's).
@@ -678,7 +680,7 @@ class LazyTensor:
         return kernel_solve(self, b, alpha, **options)
 
     # -- running ------------------------------------------------------------
-    def problem(self, axis: str) -> tuple[engine.Problem, tuple]:
+    def problem(self, axis: str) -> tuple[Problem, tuple]:
         """The engine problem reducing over ``axis`` (variables validated, batch dims flattened) and the batch shape."""
         _check_variables(self.variables)
         info = self.info
@@ -697,7 +699,7 @@ class LazyTensor:
             missing = ir.new_variable_symbol()
             info[missing] = ir.VarInfo(other, 1)
             tensors[missing] = anchor.new_zeros(1, 1, 1)
-        problem = engine.Problem(info, tensors)
+        problem = Problem(info, tensors)
         return (problem.swapped() if axis == "i" else problem), batch
 
     def _along(self, values, dim) -> "LazyTensor":
@@ -724,10 +726,10 @@ class LazyTensor:
         axis = _axis(dim, self.nbatchdims)
         backend = engine.check_backend(options.get("backend", "auto"))
         chunk_size = options.get("chunk_size")
-        engine.check_chunk_size(chunk_size)
+        check_chunk_size(chunk_size)
         source = self if values is None else LazyTensor._build(self.expr, self, values, width=self.width)
         problem, batch = source.problem(axis)
-        ranges = engine.check_ranges(cluster.keops_ranges(options.get("ranges", self.ranges)), problem, axis)
+        ranges = check_ranges(cluster.keops_ranges(options.get("ranges", self.ranges)), problem, axis)
         if ranges is not None and batch:
             raise ValueError("ranges (block-sparse reductions) are not supported with batch dimensions")
         sharding = distributed.active(options.get("group"))

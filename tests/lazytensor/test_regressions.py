@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lazytensor as lt
-from lazytensor import compile, engine
+from lazytensor import compile, engine, plan
 
 F64 = dict(rtol=1e-10, atol=1e-10)
 
@@ -323,7 +323,7 @@ def test_fifty_sizes_compile_once_per_bucket(compiled_stats):
         before = compiled_stats()
         out = (-0.5 * lt.Vi(x).sqdist(lt.Vj(y[:m]))).exp().matmul(b[:m], backend="compiled")
         torch.testing.assert_close(out, torch.exp(-0.5 * torch.cdist(x, y[:m]) ** 2) @ b[:m], rtol=1e-4, atol=1e-4)
-        bucket = (engine.bucket(n), engine.bucket(m))
+        bucket = (plan.bucket(n), plan.bucket(m))
         if bucket in buckets:
             assert compiled_stats() == before, f"(N, M) = {(n, m)} recompiled inside a known bucket"
         buckets.add(bucket)

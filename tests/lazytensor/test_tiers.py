@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import lazytensor as lt
-from lazytensor import compile, engine, threads
+from lazytensor import compile, engine, plan, threads
 
 
 def _fake_compile(compiled_on: list):
@@ -63,7 +63,7 @@ def test_a_pass_switches_to_the_compiled_kernel_at_a_row_block(monkeypatch, dtyp
     monkeypatch.setattr(torch, "compile", _fake_compile([]))
     monkeypatch.setattr(compile, "AUTO_COMPILE_MIN_PAIRS", 1)
     monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", 0.0)
-    monkeypatch.setattr(engine, "TILE_BUDGET_BYTES", 4096)  # many eager row blocks
+    monkeypatch.setattr(plan, "TILE_BUDGET_BYTES", 4096)  # many eager row blocks
     # the compile finishes at once (inline), so the pass switches after its first row block
     monkeypatch.setattr(compile.CompiledKernel, "compile_in_background", lambda self, args: self(*args))
     x = torch.randn(203, 3, dtype=dtype, requires_grad=True)
@@ -84,7 +84,7 @@ def test_column_sums_survive_a_switch(monkeypatch):
     monkeypatch.setattr(torch, "compile", _fake_compile([]))
     monkeypatch.setattr(compile, "AUTO_COMPILE_MIN_PAIRS", 1)
     monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", 0.0)
-    monkeypatch.setattr(engine, "TILE_BUDGET_BYTES", 4096)
+    monkeypatch.setattr(plan, "TILE_BUDGET_BYTES", 4096)
     monkeypatch.setattr(compile.CompiledKernel, "compile_in_background", lambda self, args: self(*args))
     x, y = torch.randn(150, 2, dtype=torch.float64), torch.randn(61, 2, dtype=torch.float64)
     out = (-lt.Vi(x).sqdist(lt.Vj(y)) * 0.7).exp().sum(0)
