@@ -116,10 +116,10 @@ def _merge_ranks(sharding, consumers, by_column, pending: list, batch: int, resu
             continue
         parts = [states[k] for states, _, _ in pending]
         if all(t.shape[1] == rows for part, rows in zip(parts, padded) for t in part):
-            merged = cons.finalize(sharding.merge(cons, tuple(torch.cat(ts, 1) for ts in zip(*parts))), sum(padded), batch)
+            merged = cons.finalize(cons.merge_ranks(tuple(torch.cat(ts, 1) for ts in zip(*parts)), sharding), sum(padded), batch)
             blocks = zip(*(o.split(padded, 1) for o in merged))
         else:
-            blocks = (cons.finalize(sharding.merge(cons, part), rows, batch) for part, rows in zip(parts, padded))
+            blocks = (cons.finalize(cons.merge_ranks(part, sharding), rows, batch) for part, rows in zip(parts, padded))
         results[k].extend(tuple(o[:, :valid] for o in outs) for outs, (_, _, valid) in zip(blocks, pending))
     pending.clear()
 
