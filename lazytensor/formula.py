@@ -565,19 +565,19 @@ class LazyTensor:
         return self._reduce(lambda e, p: reductions.ArgMin(e, p.info), dim, options, public=self._second_widened)[0]
 
     def max_argmax(self, dim=1, **options):
-        return self._reduce(lambda e, p: reductions.ArgMin(e, p.info, -1), dim, options, public=self._widened)
+        return self._reduce(lambda e, p: reductions.ArgMax(e, p.info), dim, options, public=self._widened)
 
     def max(self, dim=1, **options):
         if self._is_feature_dim(options.get("axis", dim)):
             _feature_options(options)
             return self._feature_min(-1)
-        return self._reduce(lambda e, p: reductions.ArgMin(e, p.info, -1), dim, options, public=self._first_widened)[0]
+        return self._reduce(lambda e, p: reductions.ArgMax(e, p.info), dim, options, public=self._first_widened)[0]
 
     def argmax(self, dim=1, **options):
         if self._is_feature_dim(options.get("axis", dim)):
             _feature_options(options)
             return self._feature_argmin(-1)
-        return self._reduce(lambda e, p: reductions.ArgMin(e, p.info, -1), dim, options, public=self._second_widened)[0]
+        return self._reduce(lambda e, p: reductions.ArgMax(e, p.info), dim, options, public=self._second_widened)[0]
 
     min_reduction, max_reduction = min, max
     argmin_reduction, argmax_reduction = argmin, argmax
@@ -736,7 +736,7 @@ class LazyTensor:
         if sharding is not None:
             if ranges is not None:
                 raise ValueError("ranges (block-sparse reductions) are not supported with a sharded (group=) reduction")
-            problem.total = sum(sharding.sizes(problem.size("j"), problem.device))
+            problem = problem.sharded_over(sum(sharding.sizes(problem.size("j"), problem.device)))
         reduction = make(ir.numeric(self.expr), problem)
         ((outs),) = autograd.reduce(problem, [reduction], backend, chunk_size, ranges=ranges, sharding=sharding)
         outs = public(tuple(o.reshape(*batch, *o.shape[1:]) for o in outs))

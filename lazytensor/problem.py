@@ -5,6 +5,7 @@ problem, never the user's formula object.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import sympy
@@ -25,7 +26,7 @@ class Problem:
     info: dict[sympy.Symbol, ir.VarInfo]
     tensors: dict[sympy.Symbol, torch.Tensor]
     order: list[sympy.Symbol] = field(default_factory=list)
-    total: int | None = None  # the reduced axis's size over every rank when it is sharded
+    total: int | None = None  # the reduced axis's size over every rank when it is sharded (``sharded_over``)
 
     def __post_init__(self):
         if not self.order:
@@ -44,6 +45,10 @@ class Problem:
     def reduced_size(self) -> int:
         """How many entries the j axis reduces over (all ranks' when sharded)."""
         return self.size("j") if self.total is None else self.total
+
+    def sharded_over(self, total: int) -> "Problem":
+        """This problem as one rank's shard of a reduced axis of ``total`` entries over every rank."""
+        return dataclasses.replace(self, total=total)
 
     @property
     def batch(self) -> int:
@@ -69,7 +74,7 @@ class Problem:
         for sym, (tensor, axis) in extra.items():
             info[sym] = ir.VarInfo(axis, tensor.shape[-1])
             tensors[sym] = tensor
-        return Problem(info, tensors, self.order + list(extra))
+        return Problem(info, tensors, self.order + list(extra), self.total)
 
     def canonical(self, exprs: list[sympy.Expr]) -> tuple:
         """A structural key for ``exprs``: symbols renamed by axis and position (sympy compares and hashes
