@@ -168,6 +168,19 @@ def wait_for_background_compiles(timeout: float | None = None) -> bool:
     return _BACKGROUND.wait(timeout)
 
 
+def formula_key(problem, consumers, exprs, expand: bool) -> tuple:
+    """What a pass's kernels are keyed by besides their tile shapes: consumers, the formula's structure
+    (``exprs`` per consumer, symbols renamed by position), axes, dtype, device type, the norm expansion."""
+    return (
+        tuple(c.signature for c in consumers),
+        problem.canonical([e for es in exprs for e in es]),
+        tuple(problem.info[s].axis for s in problem.order),
+        problem.dtype,
+        problem.device.type,
+        expand,
+    )
+
+
 def tile_kernel(consumers, exprs, info, order, *, formula: tuple, shapes, compiled: bool, expand: bool = True) -> Callable:
     """The (cached) tile function for ``consumers`` evaluating ``exprs``: one per (formula, tile shapes, backend)."""
     key = (formula, shapes)

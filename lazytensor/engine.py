@@ -143,14 +143,7 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
         return [c.empty(batch, n if c.reduced_axis == "j" else m, problem.dtype, problem.device) for c in consumers]
     problem, exprs = _lifted(problem, consumers)
     expand = _expansion_safe(problem)
-    formula_key = (
-        tuple(c.signature for c in consumers),
-        problem.canonical([e for es in exprs for e in es]),
-        tuple(problem.info[s].axis for s in problem.order),
-        problem.dtype,
-        problem.device.type,
-        expand,
-    )
+    formula_key = compile.formula_key(problem, consumers, exprs, expand)
     loop = _TileLoop(problem, consumers, exprs, formula_key, expand, offset, sharding)
     with threads.pass_threads(problem.device):
         _run(loop, problem, consumers, backend, chunk_size, ranges, formula_key, sizes if sharding is not None else None)
