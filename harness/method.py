@@ -43,7 +43,7 @@ def steady_state_kernels() -> None:
     state, never a compilation in the middle of the rounds."""
     from lazytensor import compile
 
-    compile.COMPILE_AFTER_SECONDS = 0.0
+    compile.set_compile_after(0.0)
 
 
 def settle() -> None:

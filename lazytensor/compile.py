@@ -219,6 +219,15 @@ def compiled_before(formula_key: tuple) -> bool:
     return formula_key in _COMPILED_FORMULAS
 
 
+def set_compile_after(seconds: float) -> None:
+    """The auto tier compiles a formula once it has cost ``seconds`` of eager time (0: at its first large call;
+    benchmarks that measure the compiled steady state set that)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
+        raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
+    global COMPILE_AFTER_SECONDS
+    COMPILE_AFTER_SECONDS = float(seconds)
+
+
 def worth_compiling(formula_key: tuple, pairs: int, eager_time: float) -> bool:
     """The auto tier's rule: a problem of ``pairs`` pairs compiles once ``eager_time`` (the formula's eager
     seconds, spent or projected) reaches COMPILE_AFTER_SECONDS, or at once if the formula compiled before."""

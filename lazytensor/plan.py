@@ -44,6 +44,8 @@ FUSED_ATTENTION_TILE = 1024
 
 @dataclass(frozen=True)
 class TilePlan:
+    """One tile shape: ``rows`` kept-axis entries by ``cols`` reduced-axis entries."""
+
     rows: int
     cols: int
 
@@ -56,6 +58,7 @@ def check_chunk_size(chunk_size) -> tuple[int, int] | None:
     if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in pair):
         raise ValueError(f"chunk_size must be None, a positive int or a pair (rows, cols) of positive ints, got {chunk_size!r}")
     return pair
+
 
 def bucket(size: int) -> int:
     """The compiled tile extent for ``size``: a power of two, at least MIN_TILE."""

@@ -158,3 +158,15 @@ def test_eager_tiles_compute_small_d_distances_feature_by_feature_exactly(dtype)
     torch.testing.assert_close(d, (((x - y) ** 2).sum(-1, keepdim=True) + 1e-30).sqrt(), rtol=0, atol=0)  # row 5: 1e-15
     sources = [fn.source for (key, compiled), fn in compile._CACHE.items() if not compiled]
     assert any("torch.square(" in src and "[:, None, :, 2]" in src and ".sum(-1" not in src for src in sources)
+
+
+def test_set_compile_after_is_the_auto_tiers_threshold(monkeypatch):
+    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", compile.COMPILE_AFTER_SECONDS)  # restored after the test
+    key, large = ("a formula no pass ran",), compile.AUTO_COMPILE_MIN_PAIRS
+    compile.set_compile_after(0)
+    assert compile.worth_compiling(key, large, 0.0) and not compile.worth_compiling(key, large - 1, 0.0)
+    compile.set_compile_after(2.5)
+    assert not compile.worth_compiling(key, large, 2.0) and compile.worth_compiling(key, large, 2.5)
+    for bad in (-1, True, "1", math.nan):
+        with pytest.raises(ValueError, match="seconds"):
+            compile.set_compile_after(bad)
