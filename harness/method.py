@@ -40,16 +40,16 @@ def steady_state_kernels() -> None:
     JIT tiering has spent a second of eager time; ``settle`` after the warm-up waits for those
     background compiles, so timed rounds and memory children all measure the same compiled steady
     state, never a compilation in the middle of the rounds."""
-    from lazytensor import engine
+    from lazytensor import compile
 
-    engine.COMPILE_AFTER_SECONDS = 0.0
+    compile.set_compile_after(0.0)
 
 
 def settle() -> None:
     """Wait until no lazytensor kernel compiles in the background (the end of a warm-up)."""
-    from lazytensor import kernels
+    from lazytensor import compile
 
-    kernels.wait_for_background_compiles()
+    compile.wait_for_background_compiles()
 
 
 def synchronize(device: str | torch.device) -> None:

@@ -27,17 +27,9 @@ import math
 
 import torch
 
+from .plan import attention_tiles, check_chunk_size
 from .reductions.softmax import finite, merge
 
-# Explicit tiles: bytes of one score tile across all batch-heads, kept near the L2 cache
-# (B=1, H=4, L=S=4096, d=64 on 2 cores: 256 x 512 tiles ran 1.08x the 1.47x of whole-row tiles).
-TILE_BUDGET_BYTES = 2 << 20
-KEY_BLOCK = 512
-MIN_QUERY_BLOCK = 16
-CUDA_TILE_BUDGET_BYTES, CUDA_KEY_BLOCK = 256 << 20, 4096  # a GPU needs big tiles to fill its cores
-# Fused tiles block their work internally: large square tiles (no causal tile has a query
-# without keys) keep the per-tile overhead small.
-FUSED_BLOCK = 1024
 _FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _FUSED_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 
@@ -103,19 +95,10 @@ class _Tiles:
             self.mask = attn_mask.reshape((1,) * (q.dim() - attn_mask.dim()) + tuple(attn_mask.shape))
         self.fused = (fused and _FUSED is not None and q.device.type == "cpu" and q.shape[-1] == v.shape[-1]
                       and q.dtype in (torch.float32, torch.float64))
-        if chunk_size is not None:
-            rows, cols = (chunk_size, chunk_size) if isinstance(chunk_size, int) else tuple(chunk_size)
-            if rows < 1 or cols < 1:
-                raise ValueError(f"attention: chunk_size must be positive, got {chunk_size}")
-            self.fused = self.fused and not (is_causal and rows != cols)  # square causal tiles only
-        elif self.fused:
-            rows = cols = FUSED_BLOCK
-        else:
-            gpu = q.device.type == "cuda"
-            cols = max(1, min(self.S, CUDA_KEY_BLOCK if gpu else KEY_BLOCK))
-            budget = CUDA_TILE_BUDGET_BYTES if gpu else TILE_BUDGET_BYTES
-            rows = max(MIN_QUERY_BLOCK, budget // (max(groups, 1) * cols * q.element_size()))
-        self.rows, self.cols = max(1, min(rows, self.L)), max(1, min(cols, self.S))  # empty L or S: no tiles
+        if chunk_size is not None:  # (rows, cols), from ``check_chunk_size``
+            self.fused = self.fused and not (is_causal and chunk_size[0] != chunk_size[1])  # square causal tiles only
+        plan = attention_tiles(self.L, self.S, groups, q.element_size(), q.device, chunk_size, self.fused)
+        self.rows, self.cols = plan.rows, plan.cols
 
     def blocks(self):
         for r0 in range(0, self.L, self.rows):
@@ -274,4 +257,4 @@ def streamed_attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, 
     columns are this rank's shard of the keys; every rank gets the full output.
     """
     _check(q, k, v, attn_mask, is_causal, scale)
-    return _Attention.apply(q, k, v, attn_mask, is_causal, scale, chunk_size, sharding)
+    return _Attention.apply(q, k, v, attn_mask, is_causal, scale, check_chunk_size(chunk_size), sharding)

@@ -25,6 +25,7 @@ import sympy
 import torch
 
 from . import diff, engine, ir
+from .problem import Problem
 from .reductions import Sum
 
 
@@ -32,7 +33,7 @@ from .reductions import Sum
 class Pass:
     """A pass's static part: the variables' IR info and order, the reductions and the run options.
 
-    ``ranges`` (block-sparse, from ``engine.check_ranges``) applies to every
+    ``ranges`` (block-sparse, from ``plan.check_ranges``) applies to every
     pass of the same problem: forward, backward sums and forward-mode sums.
     """
 
@@ -48,8 +49,8 @@ class Pass:
     def options(self) -> dict:
         return dict(backend=self.backend, chunk_size=self.chunk_size, ranges=self.ranges, sharding=self.sharding)
 
-    def problem(self, tensors) -> engine.Problem:
-        return engine.Problem(self.info, dict(zip(self.order, tensors)), list(self.order))
+    def problem(self, tensors) -> Problem:
+        return Problem(self.info, dict(zip(self.order, tensors)), list(self.order))
 
     def split(self, flat) -> list[tuple]:
         """Flat outputs (or gradients) grouped per reduction."""
@@ -135,7 +136,7 @@ class Streamed(torch.autograd.Function):
         return tuple(o.reshape(count, batch, *o.shape[1:]) for o in outs), (0,) * len(outs)
 
 
-def reduce(problem: engine.Problem, reductions, backend: str = "auto", chunk_size=None, *, ranges=None,
+def reduce(problem: Problem, reductions, backend: str = "auto", chunk_size=None, *, ranges=None,
            sharding=None) -> list[tuple]:
     """The outputs of each reduction of ``problem`` (reducing its j axis; sums may reduce i), differentiable.
 
@@ -150,7 +151,7 @@ def reduce(problem: engine.Problem, reductions, backend: str = "auto", chunk_siz
 
 # -- collectors: what reductions ask for while differentiating ------------------------------
 class _Collector:
-    def __init__(self, problem: engine.Problem, options: dict):
+    def __init__(self, problem: Problem, options: dict):
         self.problem, self.options, self.sharding = problem, options, options["sharding"]
         self.extra: dict[sympy.Symbol, tuple[torch.Tensor, str]] = {}
         self.info = dict(problem.info)
@@ -162,7 +163,7 @@ class _Collector:
         self.info[sym] = ir.VarInfo(axis, tensor.shape[-1])
         return sym
 
-    def full_problem(self) -> engine.Problem:
+    def full_problem(self) -> Problem:
         return self.problem.extended(self.extra)
 
     def local(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -178,7 +179,7 @@ class _Collector:
 _PAIRS = dict(backend="eager", ranges=None, sharding=None)  # a pair problem: local, one column, every pair
 
 
-def _pairs(problem: engine.Problem, index: torch.Tensor) -> tuple[engine.Problem, int]:
+def _pairs(problem: Problem, index: torch.Tensor) -> tuple[Problem, int]:
     """A problem whose rows are the pairs (i, index[i, s]): every variable i-indexed, j of size 1.
 
     Reducing over its one column evaluates a formula on the selected pairs;
@@ -197,7 +198,7 @@ def _pairs(problem: engine.Problem, index: torch.Tensor) -> tuple[engine.Problem
         tensors[s] = t
     column = ir.new_variable_symbol()
     info[column], tensors[column] = ir.VarInfo("j", 1), index.new_zeros(1, 1, 1, dtype=problem.dtype)
-    return engine.Problem(info, tensors, list(problem.order) + [column]), selections
+    return Problem(info, tensors, list(problem.order) + [column]), selections
 
 
 def _fit(grad: torch.Tensor, like: torch.Tensor, axis: str) -> torch.Tensor:

@@ -86,7 +86,7 @@ def keops_ranges(ranges):
 
     Slices come as (C,) ends (``from_matrix``), as (C, 1) columns, or as (C, 2)
     [start, end) pairs into the stacked reduction ranges, which must then be
-    consecutive. Anything else passes through for ``engine.check_ranges`` to
+    consecutive. Anything else passes through for ``plan.check_ranges`` to
     reject with its message.
     """
     if not isinstance(ranges, (tuple, list)) or len(ranges) != 6:

@@ -12,7 +12,7 @@ replicated, and every rank gets the full result:
 Scale-out is the same fold one level up: every reduction's ``combine``,
 which folds a tile's partial state into the running one, also folds one
 rank's state into another's. After each row block the ranks gather their
-states and fold them in rank order (sums simply all-reduce), so the result
+states and fold them in rank order (``Consumer.merge_ranks``; sums simply all-reduce), so the result
 is exact and identical on every rank: log-sum-exp and softmax merge by
 max-rescaling, min/argmin and k-min keep global indices (each rank's column
 offset) and the lowest index on ties, and the exact quantile adds its
@@ -76,20 +76,6 @@ class Sharding:
         padded = t if t.shape[0] == longest else torch.cat([t, t.new_zeros(longest - t.shape[0], *t.shape[1:])])
         parts = self.gather(padded)
         return torch.cat([p[:size] for p, size in zip(parts, sizes)]), sizes
-
-    def merge(self, consumer, state: tuple) -> tuple:
-        """Every rank's state of ``consumer`` folded in rank order by its ``combine``.
-
-        A consumer whose state merges more cheaply (sums: one all-reduce) says
-        so with a ``merge_ranks(state, sharding)`` method.
-        """
-        if hasattr(consumer, "merge_ranks"):
-            return consumer.merge_ranks(state, self)
-        gathered = [self.gather(t) for t in state]
-        merged = tuple(g[0] for g in gathered)
-        for r in range(1, self.size):
-            merged = consumer.combine(merged, tuple(g[r] for g in gathered), 0)
-        return merged
 
 
 class _SumOverRanks(torch.autograd.Function):

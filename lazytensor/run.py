@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from . import autograd, cluster, distributed, engine, ir, variables
+from .plan import check_chunk_size, check_ranges
 from .reductions import named
 
 # Options every reduction takes (``axis`` is KeOps's and NumPy's name for ``dim``; ``sum_scheme`` is KeOps's).
@@ -57,7 +58,7 @@ def run(source, requests: list, axis: str, options: dict) -> list:
     check_options(options)
     backend = engine.check_backend(options.get("backend", "auto"))
     chunk_size = options.get("chunk_size")
-    engine.check_chunk_size(chunk_size)
+    check_chunk_size(chunk_size)
     entries = [named.check(name, argument) for name, argument in requests]
     is_formula = [e.argument in named.FORMULA_ARGUMENTS and a is not None for e, (_, a) in zip(entries, requests)]
     merged = dict(source.variables)
@@ -69,7 +70,7 @@ def run(source, requests: list, axis: str, options: dict) -> list:
     if sharding is not None:
         if ranges is not None:
             raise ValueError("ranges (block-sparse reductions) are not supported with a sharded (group=) reduction")
-        problem.total = sum(sharding.sizes(problem.size("j"), problem.device))
+        problem = problem.sharded_over(sum(sharding.sizes(problem.size("j"), problem.device)))
     expr = ir.numeric(source.expr)
     arguments = [ir.numeric(a.expr) if formula else a for formula, (_, a) in zip(is_formula, requests)]
     objects = [e.build(expr, problem, a, source.width) for e, a in zip(entries, arguments)]
@@ -85,7 +86,7 @@ def run(source, requests: list, axis: str, options: dict) -> list:
 
 def _ranges(ranges, problem, axis: str, batch: tuple, requests: list, entries: list):
     """KeOps's ``ranges`` checked against the problem and the reductions that must honour them."""
-    ranges = engine.check_ranges(cluster.keops_ranges(ranges), problem, axis)
+    ranges = check_ranges(cluster.keops_ranges(ranges), problem, axis)
     if ranges is None:
         return None
     if batch:

@@ -11,7 +11,7 @@ process's own, plus this process's background compiles (they take a core
 too), and runs with the cores left, at least one. It looks again at each row
 block (at most every ``RECHECK_SECONDS``), and torch's setting is restored
 when the pass ends. Compiled kernels read the thread count when they run
-(``kernels.COMPILE_OPTIONS``), so this never recompiles.
+(``inductor.COMPILE_OPTIONS``), so this never recompiles.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import time
 import torch
 
 RECHECK_SECONDS = 0.1
-background_compiles = 0  # compiles running in this process's background threads (kernels keeps it)
+background_compiles = 0  # compiles running in this process's background threads (compile keeps it)
 _seen = [-math.inf, 0, 0]  # (when, threads wanted, threads granted)
 _wanted: list[int] = []  # torch's thread count when the outermost pass began (a stack of one)
 

@@ -14,7 +14,8 @@ import numpy as np
 import sympy
 import torch
 
-from . import engine, ir
+from . import ir
+from .problem import Problem
 
 
 class Variable:
@@ -128,7 +129,7 @@ def from_numpy(variables: dict) -> bool:
     return bool(arrays) and all(v.numpy for v in arrays)
 
 
-def problem(variables: dict, axis: str) -> tuple[engine.Problem, tuple]:
+def problem(variables: dict, axis: str) -> tuple[Problem, tuple]:
     """The engine problem reducing over ``axis`` (variables validated, batch dims flattened) and the batch shape."""
     check(variables)
     known = info(variables)
@@ -145,7 +146,7 @@ def problem(variables: dict, axis: str) -> tuple[engine.Problem, tuple]:
         missing = ir.new_variable_symbol()
         known[missing] = ir.VarInfo(other, 1)
         tensors[missing] = anchor.new_zeros(1, 1, 1)
-    out = engine.Problem(known, tensors)
+    out = Problem(known, tensors)
     return (out.swapped() if axis == "i" else out), batch
 
 

@@ -16,7 +16,7 @@ import torch
 
 import lazytensor as lt
 from lazytensor import distributed
-from lazytensor.engine import check_chunk_size
+from lazytensor.plan import check_chunk_size
 
 from .kernels import as_kernel, check_pair, check_tensor, formula, matrix
 

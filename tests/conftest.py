@@ -20,6 +20,6 @@ torch._dynamo.config.fail_on_recompile_limit_hit = True
 def _seed():
     torch.manual_seed(0)
     yield
-    from lazytensor import kernels
+    from lazytensor import compile
 
-    kernels.wait_for_background_compiles(300)  # a test's background compile never runs into the next test
+    compile.wait_for_background_compiles(300)  # a test's background compile never runs into the next test

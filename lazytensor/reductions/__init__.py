@@ -9,10 +9,10 @@ one means for ``LazyTensor``'s methods and ``lazytensor.stream``.
 from .base import Consumer, Reduction
 from .lse_weight import LogSumExpWeight
 from .quantile import Quantile
-from .selection import ArgMin, KMin
+from .selection import ArgMax, ArgMin, KMin
 from .softmax import LogSumExp, SoftmaxWeightedSum, merge
 from .sum import Sum, accumulation_dtype
 from .sumshiftexp import MaxSumShiftExp
 
 __all__ = ["Consumer", "Reduction", "Sum", "LogSumExp", "LogSumExpWeight", "MaxSumShiftExp", "SoftmaxWeightedSum", "ArgMin",
-           "KMin", "Quantile", "merge", "accumulation_dtype"]
+           "ArgMax", "KMin", "Quantile", "merge", "accumulation_dtype"]

@@ -5,8 +5,12 @@ A *consumer* names the IR expressions it needs on each tile
 tile function (``partial``: traced, so it must depend only on
 ``signature``), merges partials across blocks in Python (``combine``) and
 returns the block's results (``finalize``). Reductions over j fold the
-columns of a (B, n, m, C) tile into per-row state; a sum over i
-(``reduced_axis = "i"``) folds rows into state that spans every column.
+columns of a (B, n, m, C) tile into per-row state, starting from their first
+tile's partial; a sum over i (``reduced_axis = "i"``) folds rows into state
+that spans every column, from its ``initial_state``. Under a sharding
+(``lazytensor.distributed``) ``merge_ranks`` folds every rank's state of a
+row block into one: by ``combine`` in rank order unless the consumer knows a
+cheaper collective.
 
 A *reduction* is a consumer that also knows its outputs (which are
 differentiable) and how to differentiate them, in both modes, as more
@@ -96,6 +100,18 @@ class Consumer:
 
     def finalize(self, state, rows: int, batch: int) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
+
+    def initial_state(self, batch: int, columns: int, dtype: torch.dtype, device) -> tuple:
+        """A sum over i's state before any tile: zeros spanning every column (only ``reduced_axis = "i"`` has one)."""
+        raise NotImplementedError(f"{type(self).__name__} reduces over j: its state starts from its first tile's partial")
+
+    def merge_ranks(self, state: tuple, sharding) -> tuple:
+        """Every rank's ``state`` folded into one in rank order by ``combine`` (indices are already global)."""
+        gathered = [sharding.gather(t) for t in state]
+        merged = tuple(g[0] for g in gathered)
+        for r in range(1, sharding.size):
+            merged = self.combine(merged, tuple(g[r] for g in gathered), 0)
+        return merged
 
     def empty(self, batch: int, rows: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, ...]:
         """The outputs when the kept axis (``rows``) or the reduced axis is empty."""

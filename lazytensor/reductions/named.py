@@ -25,7 +25,7 @@ import torch
 
 from .lse_weight import LogSumExpWeight
 from .quantile import Quantile
-from .selection import ArgMin, KMin
+from .selection import ArgMax, ArgMin, KMin
 from .softmax import LogSumExp, SoftmaxWeightedSum
 from .sum import Sum, accumulation_dtype
 from .sumshiftexp import MaxSumShiftExp
@@ -91,7 +91,7 @@ def _min(expr, problem, argument, width):
 
 
 def _max(expr, problem, argument, width):
-    return ArgMin(expr, problem.info, -1)
+    return ArgMax(expr, problem.info)
 
 
 def _kmin(expr, problem, k, width):

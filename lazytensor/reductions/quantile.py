@@ -36,6 +36,7 @@ import sympy
 import torch
 
 from .. import engine, ir
+from ..problem import Problem
 from .base import Consumer, Reduction, channels_at_selection, is_nan, ordered_keys, padded, select_channels
 from .selection import smallest
 
@@ -160,13 +161,13 @@ class Candidates(_PerTarget):
         return (*out, nan.expand(batch, rows, self.channels).contiguous())
 
 
-def _with_variables(problem: engine.Problem, extra: list[tuple[torch.Tensor, str]]):
+def _with_variables(problem: Problem, extra: list[tuple[torch.Tensor, str]]):
     """The problem plus new variables (tensors after the formula's own)."""
     syms = [ir.new_variable_symbol() for _ in extra]
     return problem.extended({s: e for s, e in zip(syms, extra)}), syms
 
 
-def select_ranks(expr: sympy.Expr, problem: engine.Problem, ranks: torch.Tensor, *, backend="auto", chunk_size=None,
+def select_ranks(expr: sympy.Expr, problem: Problem, ranks: torch.Tensor, *, backend="auto", chunk_size=None,
                  sharding=None):
     """Values and indices (B, N, 2R, C) of the order statistics of ranks r and then r + 1 over j, and NaN rows (B, N, C).
 

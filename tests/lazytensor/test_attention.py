@@ -91,3 +91,6 @@ def test_bad_inputs_are_named():
         lt.attention(q, k.double(), v)
     with pytest.raises(ValueError, match="impl"):
         lt.attention(q, k, v, impl="fast")
+    for chunk in (True, 0, (4, 0), 2.5, (4, 5, 6)):  # the engine's one chunk_size check (True is no size)
+        with pytest.raises(ValueError, match="chunk_size"):
+            lt.attention(q, k, v, chunk_size=chunk)

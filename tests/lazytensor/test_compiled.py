@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import lazytensor as lt
-from lazytensor import kernels
+from lazytensor import compile, inductor
 
 from .dense import dense_reduce, pm, vi, vj
 from .test_reductions import check
@@ -60,9 +60,9 @@ def test_new_sizes_reuse_the_kernel():
         return ((-lt.Vi(x).sqdist(lt.Vj(y))).exp() * lt.Vj(b)).sum(1, backend="compiled", chunk_size=(16, 32))
 
     run(40, 70)
-    before = kernels.cache_size()
+    before = compile.cache_size()
     out = run(45, 93)
-    assert kernels.cache_size() == before
+    assert compile.cache_size() == before
     assert out.shape == (45, 4)
 
 
@@ -75,7 +75,7 @@ def test_compile_failure_falls_back_with_one_warning(monkeypatch):
     monkeypatch.setattr(torch, "compile", broken)
     x, y = torch.randn(5, 2), torch.randn(6, 2)
     f = lt.Vi(x).sqdist(lt.Vj(y)) * 1.2345  # a formula no other test compiles
-    with pytest.warns(kernels.CompileFallbackWarning):
+    with pytest.warns(compile.CompileFallbackWarning):
         out = f.sum(1, backend="compiled")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -104,9 +104,9 @@ def test_vector_isa_probed_once_per_machine(monkeypatch, tmp_path, request):
     def settle():
         probed.clear()
         config.cpp.vec_isa_ok = None
-        monkeypatch.setattr(kernels, "_ISA_SETTLED", [])
-        kernels._settle_vector_isa()
-        kernels._settle_vector_isa()  # once per process
+        monkeypatch.setattr(inductor, "_ISA_SETTLED", [])
+        inductor.settle_vector_isa()
+        inductor.settle_vector_isa()  # once per process
         return probed[:], config.cpp.vec_isa_ok
 
     if not any(all(f in cpu_vec_isa.x86_isa_checker() for f in str(isa).split()) for isa in cpu_vec_isa.supported_vec_isa_list):

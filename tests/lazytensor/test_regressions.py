@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lazytensor as lt
-from lazytensor import engine, kernels
+from lazytensor import compile, engine, plan
 
 F64 = dict(rtol=1e-10, atol=1e-10)
 
@@ -306,7 +306,7 @@ def test_logsumexp_float32_gradient_at_large_values():
 @pytest.fixture
 def compiled_stats():
     frames = torch._dynamo.utils.counters["frames"]
-    return lambda: (kernels.stats["built"], frames["ok"])
+    return lambda: (compile.stats["built"], frames["ok"])
 
 
 @pytest.mark.slow
@@ -323,7 +323,7 @@ def test_fifty_sizes_compile_once_per_bucket(compiled_stats):
         before = compiled_stats()
         out = (-0.5 * lt.Vi(x).sqdist(lt.Vj(y[:m]))).exp().matmul(b[:m], backend="compiled")
         torch.testing.assert_close(out, torch.exp(-0.5 * torch.cdist(x, y[:m]) ** 2) @ b[:m], rtol=1e-4, atol=1e-4)
-        bucket = (engine.bucket(n), engine.bucket(m))
+        bucket = (plan.bucket(n), plan.bucket(m))
         if bucket in buckets:
             assert compiled_stats() == before, f"(N, M) = {(n, m)} recompiled inside a known bucket"
         buckets.add(bucket)
@@ -345,28 +345,28 @@ def test_new_constant_values_reuse_the_kernel(compiled_stats):
 def test_auto_backend_compiles_once_eager_time_would_pay_for_it(monkeypatch):
     compiles = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiles.append(fn) or fn)
-    monkeypatch.setattr(engine, "AUTO_COMPILE_MIN_PAIRS", 1)
+    monkeypatch.setattr(compile, "AUTO_COMPILE_MIN_PAIRS", 1)
     x, y = torch.randn(9, 2), torch.randn(7, 2)
     f = lt.Vi(x).sqdist(lt.Vj(y)) * lt.Vj(y).sum(-1) * 3 - 1  # a formula no other test runs
-    monkeypatch.setattr(engine, "COMPILE_AFTER_SECONDS", math.inf)
+    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", math.inf)
     f.sum(1), f.sum(1)
     assert not compiles  # a one-off (or cheap) formula never compiles
-    monkeypatch.setattr(engine, "COMPILE_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", 0.0)
     ref = (torch.cdist(x, y) ** 2 * y.sum(1) * 3 - 1).sum(1, keepdim=True)
-    built = kernels.stats["built"]
+    built = compile.stats["built"]
     torch.testing.assert_close(f.sum(1), ref)  # its eager time so far exceeds the threshold: compiles aside, answers eager
-    assert len(compiles) == 1 and kernels.wait_for_background_compiles(60)
+    assert len(compiles) == 1 and compile.wait_for_background_compiles(60)
     before = engine.routes["compiled"]
     torch.testing.assert_close(f.sum(1), ref)  # the compiled kernel is ready: used, not built again
-    assert len(compiles) == 1 and kernels.stats["built"] == built + 1 and engine.routes["compiled"] == before + 1
+    assert len(compiles) == 1 and compile.stats["built"] == built + 1 and engine.routes["compiled"] == before + 1
 
 
 def test_kernel_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(kernels, "MAX_KERNELS", 3)
+    monkeypatch.setattr(compile, "MAX_KERNELS", 3)
     x, y = torch.randn(4, 2), torch.randn(5, 2)
     for k in range(6):
         (lt.Vi(x).sqdist(lt.Vj(y)) ** (k + 2)).sum(1, backend="eager")
-    assert kernels.cache_size() <= 3
+    assert compile.cache_size() <= 3
 
 
 def test_compile_failure_at_a_later_call_falls_back(monkeypatch):
@@ -387,7 +387,7 @@ def test_compile_failure_at_a_later_call_falls_back(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         torch.testing.assert_close(f.sum(1, backend="compiled"), ref)
-    with pytest.warns(kernels.CompileFallbackWarning):
+    with pytest.warns(compile.CompileFallbackWarning):
         torch.testing.assert_close(f.sum(1, backend="compiled"), ref)
 
 

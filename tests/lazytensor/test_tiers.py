@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import lazytensor as lt
-from lazytensor import engine, kernels, threads
+from lazytensor import compile, engine, plan, threads
 
 
 def _fake_compile(compiled_on: list):
@@ -41,16 +41,16 @@ def _reference(x, y, b, scale):
 def test_a_cheap_formula_never_compiles_and_a_worthwhile_one_compiles_aside(monkeypatch):
     compiled_on = []
     monkeypatch.setattr(torch, "compile", _fake_compile(compiled_on))
-    monkeypatch.setattr(engine, "AUTO_COMPILE_MIN_PAIRS", 1)
+    monkeypatch.setattr(compile, "AUTO_COMPILE_MIN_PAIRS", 1)
     x, y, b = torch.randn(40, 3), torch.randn(30, 3), torch.randn(30, 2)
-    monkeypatch.setattr(engine, "COMPILE_AFTER_SECONDS", math.inf)
+    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", math.inf)
     for _ in range(3):
         torch.testing.assert_close(_formula(x, y, -0.31) @ b, _reference(x, y, b, -0.31))
     assert not compiled_on  # its projected cost never reaches the threshold: eager only
-    monkeypatch.setattr(engine, "COMPILE_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", 0.0)
     routes = dict(engine.routes)
     torch.testing.assert_close(_formula(x, y, -0.31) @ b, _reference(x, y, b, -0.31))
-    assert kernels.wait_for_background_compiles(60)
+    assert compile.wait_for_background_compiles(60)
     assert len(compiled_on) == 1 and compiled_on[0] is not threading.main_thread()  # compiled aside, not in the call
     assert engine.routes["eager"] == routes.get("eager", 0) + 1  # that call answered from eager tiles
     torch.testing.assert_close(_formula(x, y, -0.31) @ b, _reference(x, y, b, -0.31))
@@ -61,11 +61,11 @@ def test_a_cheap_formula_never_compiles_and_a_worthwhile_one_compiles_aside(monk
 def test_a_pass_switches_to_the_compiled_kernel_at_a_row_block(monkeypatch, dtype):
     """Eager row blocks first, the compiled kernel for the rest once ready: the same values and gradients."""
     monkeypatch.setattr(torch, "compile", _fake_compile([]))
-    monkeypatch.setattr(engine, "AUTO_COMPILE_MIN_PAIRS", 1)
-    monkeypatch.setattr(engine, "COMPILE_AFTER_SECONDS", 0.0)
-    monkeypatch.setattr(engine, "TILE_BUDGET_BYTES", 4096)  # many eager row blocks
+    monkeypatch.setattr(compile, "AUTO_COMPILE_MIN_PAIRS", 1)
+    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(plan, "TILE_BUDGET_BYTES", 4096)  # many eager row blocks
     # the compile finishes at once (inline), so the pass switches after its first row block
-    monkeypatch.setattr(kernels.CompiledKernel, "compile_in_background", lambda self, args: self(*args))
+    monkeypatch.setattr(compile.CompiledKernel, "compile_in_background", lambda self, args: self(*args))
     x = torch.randn(203, 3, dtype=dtype, requires_grad=True)
     y, b = torch.randn(97, 3, dtype=dtype), torch.randn(97, 5, dtype=dtype)
     routes = dict(engine.routes)
@@ -82,10 +82,10 @@ def test_a_pass_switches_to_the_compiled_kernel_at_a_row_block(monkeypatch, dtyp
 def test_column_sums_survive_a_switch(monkeypatch):
     """Sums over i keep one state across every column: it must span both tiers of a switched pass."""
     monkeypatch.setattr(torch, "compile", _fake_compile([]))
-    monkeypatch.setattr(engine, "AUTO_COMPILE_MIN_PAIRS", 1)
-    monkeypatch.setattr(engine, "COMPILE_AFTER_SECONDS", 0.0)
-    monkeypatch.setattr(engine, "TILE_BUDGET_BYTES", 4096)
-    monkeypatch.setattr(kernels.CompiledKernel, "compile_in_background", lambda self, args: self(*args))
+    monkeypatch.setattr(compile, "AUTO_COMPILE_MIN_PAIRS", 1)
+    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(plan, "TILE_BUDGET_BYTES", 4096)
+    monkeypatch.setattr(compile.CompiledKernel, "compile_in_background", lambda self, args: self(*args))
     x, y = torch.randn(150, 2, dtype=torch.float64), torch.randn(61, 2, dtype=torch.float64)
     out = (-lt.Vi(x).sqdist(lt.Vj(y)) * 0.7).exp().sum(0)
     torch.testing.assert_close(out, torch.exp(-0.7 * torch.cdist(x, y) ** 2).sum(0)[:, None])
@@ -98,12 +98,12 @@ def test_a_background_compile_failure_warns_on_the_callers_thread(monkeypatch):
         return run
 
     monkeypatch.setattr(torch, "compile", broken)
-    monkeypatch.setattr(engine, "AUTO_COMPILE_MIN_PAIRS", 1)
-    monkeypatch.setattr(engine, "COMPILE_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(compile, "AUTO_COMPILE_MIN_PAIRS", 1)
+    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", 0.0)
     x, y, b = torch.randn(20, 3), torch.randn(25, 3), torch.randn(25, 2)
-    with pytest.warns(kernels.CompileFallbackWarning, match="no compiler here") as caught:
+    with pytest.warns(compile.CompileFallbackWarning, match="no compiler here") as caught:
         torch.testing.assert_close(_formula(x, y, -0.17) @ b, _reference(x, y, b, -0.17))
-        assert kernels.wait_for_background_compiles(60)
+        assert compile.wait_for_background_compiles(60)
         torch.testing.assert_close(_formula(x, y, -0.17) @ b, _reference(x, y, b, -0.17))
     assert len(caught) == 1  # once, from this thread, during one of the calls
     routes = dict(engine.routes)
@@ -156,5 +156,17 @@ def test_eager_tiles_compute_small_d_distances_feature_by_feature_exactly(dtype)
     y = x[5:6]  # one column: each row's sum is one term, so rounding order cannot differ
     d = (lt.Vi(x).sqdist(lt.Vj(y)) + 1e-30).sqrt().sum(1, backend="eager")
     torch.testing.assert_close(d, (((x - y) ** 2).sum(-1, keepdim=True) + 1e-30).sqrt(), rtol=0, atol=0)  # row 5: 1e-15
-    sources = [fn.source for (key, compiled), fn in kernels._CACHE.items() if not compiled]
+    sources = [fn.source for (key, compiled), fn in compile._CACHE.items() if not compiled]
     assert any("torch.square(" in src and "[:, None, :, 2]" in src and ".sum(-1" not in src for src in sources)
+
+
+def test_set_compile_after_is_the_auto_tiers_threshold(monkeypatch):
+    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", compile.COMPILE_AFTER_SECONDS)  # restored after the test
+    key, large = ("a formula no pass ran",), compile.AUTO_COMPILE_MIN_PAIRS
+    compile.set_compile_after(0)
+    assert compile.worth_compiling(key, large, 0.0) and not compile.worth_compiling(key, large - 1, 0.0)
+    compile.set_compile_after(2.5)
+    assert not compile.worth_compiling(key, large, 2.0) and compile.worth_compiling(key, large, 2.5)
+    for bad in (-1, True, "1", math.nan):
+        with pytest.raises(ValueError, match="seconds"):
+            compile.set_compile_after(bad)

@@ -1,4 +1,4 @@
-"""Compiled tile kernels: one bounded cache, one fallback.
+"""Compiled tile kernels: one bounded cache, one fallback, and when the "auto" tier compiles.
 
 A kernel is the generated tile function for a set of consumers, compiled by
 torch.compile on a fixed tile shape (the engine pads ragged tiles into
@@ -8,15 +8,21 @@ device, tile shape, backend) in a least-recently-used cache of
 ``MAX_KERNELS`` entries. If compilation fails at any call, the eager function
 takes over for that key after one warning: a slow answer beats no answer, and
 the warning says why it is slow.
+
+The "auto" backend tiers like a JIT: a formula runs eagerly until the eager
+time it has cost (this process, problems of at least AUTO_COMPILE_MIN_PAIRS
+pairs) exceeds COMPILE_AFTER_SECONDS, then compiles, in a background thread
+(``CompiledKernel.compile_in_background``) while the caller's eager tiles
+go on; a formula already compiled in this process compiles its new tile
+shapes at once. A one-off call never waits seconds for a compile it cannot
+amortise; a loop pays one. The engine decides when to look
+(``worth_compiling``); this module keeps the time each formula has cost.
 """
 from __future__ import annotations
 
 import contextvars
-import json
 import os
-import platform
 import sys
-import tempfile
 import threading
 import warnings
 from collections import OrderedDict
@@ -24,73 +30,20 @@ from typing import Callable
 
 import torch
 
-from . import lower, threads
+from . import inductor, lower, threads
 
 MAX_KERNELS = 64
-# Kernels read the thread count when they run, not when they were compiled: a pass on a busy
-# machine uses fewer threads (threads.pass_threads) without a recompile.
-COMPILE_OPTIONS = {"cpp.dynamic_threads": True}
+AUTO_COMPILE_MIN_PAIRS = 1 << 22
+COMPILE_AFTER_SECONDS = 1.0
 _CACHE: OrderedDict[tuple, Callable] = OrderedDict()
 _LOCK = threading.RLock()
 stats = {"built": 0, "fallbacks": 0}  # kernels generated (cache misses) and compile failures
 _EAGER_SECONDS: dict[tuple, float] = {}  # formula -> eager time spent on it (the "auto" tiering)
 _COMPILED_FORMULAS: set[tuple] = set()
-_ISA_SETTLED: list[bool] = []  # non-empty once this process has settled Inductor's vector ISA
 
 
 class CompileFallbackWarning(RuntimeWarning):
     """torch.compile failed for a tile kernel; the eager lowering runs instead."""
-
-
-def _settle_vector_isa() -> None:
-    """Probes the one vector ISA Inductor will use, once per machine instead of every ISA in every process.
-
-    Inductor checks each vector ISA the CPU claims by compiling a test
-    library (~1 s each) and loading it in a child Python (~0.15 s each), in
-    every process: 6.8 s of a cold first call here and 1 s (40%) of a
-    warm-cache one. It then uses the first that passed (or the one
-    ``ATEN_CPU_CAPABILITY`` names). The first process probes just that ISA;
-    when it passes, that is recorded beside the inductor cache, and this and
-    later processes set ``config.cpp.vec_isa_ok`` (Inductor's own override:
-    the same choice, and one setting, so compiled graphs' cache keys agree
-    between processes). Anything unexpected leaves Inductor's probe in charge.
-    """
-    if _ISA_SETTLED:
-        return
-    _ISA_SETTLED.append(True)
-    try:
-        from torch._inductor import config, cpu_vec_isa
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-        if platform.machine() not in ("x86_64", "AMD64") or config.cpp.vec_isa_ok is not None or config.cpp.simdlen is not None:
-            return
-        flags = cpu_vec_isa.x86_isa_checker()
-        claimed = [isa for isa in cpu_vec_isa.supported_vec_isa_list if all(f in flags for f in str(isa).split())]
-        if not claimed:
-            return
-        chosen = cpu_vec_isa.get_isa_from_cpu_capability(os.getenv("ATEN_CPU_CAPABILITY"), claimed,
-                                                         cpu_vec_isa.invalid_vec_isa)
-        facts = {"torch": torch.__version__, "claimed": [str(isa) for isa in claimed], "chosen": str(chosen),
-                 "cxx": [str(config.cpp.cxx), os.environ.get("CXX", "")]}
-        path = os.path.join(cache_dir(), "lazytensor-vec-isa.json")
-        if not _recorded(path, facts):
-            if not chosen:  # Inductor's own probe, of this ISA only
-                return
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False) as f:
-                json.dump(facts, f)
-            os.replace(f.name, path)  # atomic: a concurrent reader sees the old record or the new one
-        config.cpp.vec_isa_ok = True
-    except Exception:  # noqa: BLE001 - torch internals moved: Inductor probes as before
-        return
-
-
-def _recorded(path: str, facts: dict) -> bool:
-    try:
-        with open(path) as f:
-            return json.load(f) == facts
-    except (OSError, ValueError):
-        return False
 
 
 class CompiledKernel:
@@ -130,7 +83,7 @@ class CompiledKernel:
 
     def _compiled_call(self, args: tuple):
         if self.first and args[-1].device.type == "cpu":  # tile(I, J, P, mask, rowmask): a CPU kernel
-            _settle_vector_isa()
+            inductor.settle_vector_isa()
         self.first = False
         out = self.fn(*args)
         self._compiled_once()
@@ -215,6 +168,19 @@ def wait_for_background_compiles(timeout: float | None = None) -> bool:
     return _BACKGROUND.wait(timeout)
 
 
+def formula_key(problem, consumers, exprs, expand: bool) -> tuple:
+    """What a pass's kernels are keyed by besides their tile shapes: consumers, the formula's structure
+    (``exprs`` per consumer, symbols renamed by position), axes, dtype, device type, the norm expansion."""
+    return (
+        tuple(c.signature for c in consumers),
+        problem.canonical([e for es in exprs for e in es]),
+        tuple(problem.info[s].axis for s in problem.order),
+        problem.dtype,
+        problem.device.type,
+        expand,
+    )
+
+
 def tile_kernel(consumers, exprs, info, order, *, formula: tuple, shapes, compiled: bool, expand: bool = True) -> Callable:
     """The (cached) tile function for ``consumers`` evaluating ``exprs``: one per (formula, tile shapes, backend)."""
     key = (formula, shapes)
@@ -226,7 +192,7 @@ def tile_kernel(consumers, exprs, info, order, *, formula: tuple, shapes, compil
             return fn
         label = f"{abs(hash(key)) % 10**8:08d}"
         eager = lower.build_tile_function(consumers, exprs, info, order, label, expand=expand, eager=not compiled)
-        options = {**COMPILE_OPTIONS, **{k: v for c in consumers for k, v in c.compile_options.items()}}
+        options = {**inductor.COMPILE_OPTIONS, **{k: v for c in consumers for k, v in c.compile_options.items()}}
         fn = CompiledKernel(eager, label, options, formula) if compiled else eager
         _CACHE[full_key] = fn
         stats["built"] += 1
@@ -253,15 +219,23 @@ def compiled_before(formula_key: tuple) -> bool:
     return formula_key in _COMPILED_FORMULAS
 
 
+def set_compile_after(seconds: float) -> None:
+    """The auto tier compiles a formula once it has cost ``seconds`` of eager time (0: at its first large call;
+    benchmarks that measure the compiled steady state set that)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
+        raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
+    global COMPILE_AFTER_SECONDS
+    COMPILE_AFTER_SECONDS = float(seconds)
+
+
+def worth_compiling(formula_key: tuple, pairs: int, eager_time: float) -> bool:
+    """The auto tier's rule: a problem of ``pairs`` pairs compiles once ``eager_time`` (the formula's eager
+    seconds, spent or projected) reaches COMPILE_AFTER_SECONDS, or at once if the formula compiled before."""
+    return pairs >= AUTO_COMPILE_MIN_PAIRS and (compiled_before(formula_key) or eager_time >= COMPILE_AFTER_SECONDS)
+
+
 def cache_size() -> int:
     return len(_CACHE)
-
-
-def clear_cache() -> None:
-    with _LOCK:
-        _CACHE.clear()
-        _EAGER_SECONDS.clear()
-        _COMPILED_FORMULAS.clear()
 
 
 def compile_available() -> bool:

@@ -1,0 +1,84 @@
+"""The description of one reduction problem: its variables' IR info and tensors, in kernel order.
+
+Everything downstream (tile plans, kernel keys, the tile loop) reads the
+problem, never the user's formula object.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+
+from . import ir
+
+
+@dataclass
+class Problem:
+    """Variables of one reduction: IR info and their tensors.
+
+    i/j tensors are (B, N, D) / (B, M, D) with B equal to the batch size or 1;
+    parameters are (B, D) (B may be 1). ``order`` fixes the argument order of
+    tile kernels.
+    """
+
+    info: dict[sympy.Symbol, ir.VarInfo]
+    tensors: dict[sympy.Symbol, torch.Tensor]
+    order: list[sympy.Symbol] = field(default_factory=list)
+    total: int | None = None  # the reduced axis's size over every rank when it is sharded (``sharded_over``)
+
+    def __post_init__(self):
+        if not self.order:
+            self.order = sorted(self.tensors, key=lambda s: (ir.AXES.index(self.info[s].axis), ir.creation_index(s)))
+
+    def axis_symbols(self, axis: str) -> list[sympy.Symbol]:
+        return [s for s in self.order if self.info[s].axis == axis]
+
+    def size(self, axis: str) -> int:
+        syms = self.axis_symbols(axis)
+        if not syms:
+            raise ValueError(f"the formula has no {axis}-indexed variable")
+        return self.tensors[syms[0]].shape[1]
+
+    @property
+    def reduced_size(self) -> int:
+        """How many entries the j axis reduces over (all ranks' when sharded)."""
+        return self.size("j") if self.total is None else self.total
+
+    def sharded_over(self, total: int) -> "Problem":
+        """This problem as one rank's shard of a reduced axis of ``total`` entries over every rank."""
+        return dataclasses.replace(self, total=total)
+
+    @property
+    def batch(self) -> int:
+        return max((t.shape[0] for t in self.tensors.values()), default=1)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.tensors.values())).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.tensors.values())).device
+
+    def swapped(self) -> "Problem":
+        """The same variables with i and j exchanged: reducing over i."""
+        flip = {"i": "j", "j": "i", "p": "p"}
+        info = {s: ir.VarInfo(flip[v.axis], v.dim) for s, v in self.info.items()}
+        return Problem(info, self.tensors, [])
+
+    def extended(self, extra: dict[sympy.Symbol, tuple[torch.Tensor, str]]) -> "Problem":
+        """The problem plus new variables (placed after the existing ones)."""
+        info, tensors = dict(self.info), dict(self.tensors)
+        for sym, (tensor, axis) in extra.items():
+            info[sym] = ir.VarInfo(axis, tensor.shape[-1])
+            tensors[sym] = tensor
+        return Problem(info, tensors, self.order + list(extra), self.total)
+
+    def canonical(self, exprs: list[sympy.Expr]) -> tuple:
+        """A structural key for ``exprs``: symbols renamed by axis and position (sympy compares and hashes
+        expressions structurally, so the renamed expressions are the key; printing them cost ~1 ms a call)."""
+        rename = {s: ir.make_symbol(f"{self.info[s].axis}{k}_{self.info[s].dim}") for k, s in enumerate(self.order)}
+        return tuple(e.xreplace(rename) for e in exprs)
+
