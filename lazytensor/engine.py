@@ -155,7 +155,7 @@ def _run(loop: "_TileLoop", problem: Problem, consumers, backend, chunk_size, ra
     n, sharding = problem.size("i"), loop.sharding
     if sharding is not None:  # every rank must cut the same row blocks, so nothing may depend on its own shard or history
         compiled = use_compiled("eager" if backend == "eager" else "compiled", problem) and (
-            backend == "compiled" or n * sum(sizes) >= compile.AUTO_COMPILE_MIN_PAIRS)
+            backend == "compiled" or n * sum(sizes) >= compile.SHARDED_COMPILE_MIN_PAIRS)
         loop.run(plan_tiles(problem, consumers, chunk_size, compiled, m=max(sizes)), compiled)
         routes["compiled" if compiled else "eager"] += 1
     elif ranges is not None:

@@ -149,6 +149,38 @@ def test_background_compiles_count_as_load(monkeypatch):
     threads.forget()
 
 
+def test_repeated_medium_passes_add_up_to_a_compile_and_tiny_ones_never_do(monkeypatch):
+    """Many passes of one formula (sinkhorn's iterations) compile once their eager time adds up, at any size
+    from AUTO_COMPILE_MIN_PAIRS pairs on; smaller passes never count, however often they run."""
+    compiled_on = []
+    monkeypatch.setattr(torch, "compile", _fake_compile(compiled_on))
+    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", math.inf)
+    side = math.isqrt(compile.AUTO_COMPILE_MIN_PAIRS)
+    x, y, b = torch.randn(side, 2), torch.randn(side, 2), torch.randn(side, 1)
+    small = x[: side // 2]
+
+    def spent():
+        return sum(compile._EAGER_SECONDS.values())
+
+    def call(rows):
+        torch.testing.assert_close(_formula(rows, y, -0.27) @ b, _reference(rows, y, b, -0.27))
+
+    before = spent()
+    for _ in range(3):
+        call(small)
+    assert spent() == before  # below the floor: no eager time counted
+    for _ in range(2):
+        call(x)
+    medium = spent() - before
+    assert medium > 0 and not compiled_on  # counted, not yet worth a compile
+    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", medium)  # two passes spent + the next one's projection
+    call(x)
+    assert compile.wait_for_background_compiles(60) and len(compiled_on) == 1
+    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", 0.0)
+    call(small)
+    assert compile.wait_for_background_compiles(60) and len(compiled_on) == 1  # the small tile shape never compiles
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_eager_tiles_compute_small_d_distances_feature_by_feature_exactly(dtype):
     """Zero distances stay exactly zero (no expansion), with no (n, m, D) intermediate in the eager tile."""
