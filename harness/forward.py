@@ -119,7 +119,7 @@ def mlp(width_in: int, hidden: int, width_out: int, layers: int = 2) -> nn.Seque
 
 def naive_losses(model, loss_fn, candidates, inputs, targets) -> torch.Tensor:
     """The reference: one functional forward per candidate."""
-    from polytope.param_layout import ParameterLayout
+    from polytope import ParameterLayout
 
     layout = ParameterLayout(model)
     with torch.no_grad():
@@ -200,8 +200,7 @@ class _Probes:
     """Seeded data and candidate batches for the path table (one generator: the same cases every run)."""
 
     def __init__(self, dtype, device):
-        from polytope import CandidateBatch, CandidateGroup
-        from polytope.param_layout import ParameterLayout
+        from polytope import CandidateBatch, CandidateGroup, ParameterLayout
 
         self.batch_type, self.group, self.layout = CandidateBatch, CandidateGroup, ParameterLayout
         self.gen, self.dtype, self.device = torch.Generator().manual_seed(0), dtype, device

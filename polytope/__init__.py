@@ -3,12 +3,13 @@ from .candidates import CandidateBatch, CandidateGroup
 from .config import EvaluatorOptions, PolytopeConfig
 from .evaluators import NNCostEvaluator
 from .optimizer import PolytopeOptimizer
+from .param_layout import ParameterLayout
 from .schedules import ProbeRadius, cosine_schedule, exponential_schedule
 from .subspaces import FactoredSubspace, HybridSubspace
 from .train import History, flat_closure, train
 
 __all__ = [
     "PolytopeOptimizer", "PolytopeConfig", "EvaluatorOptions", "train", "History", "flat_closure",
-    "CandidateBatch", "CandidateGroup", "NNCostEvaluator", "HybridSubspace", "FactoredSubspace",
+    "CandidateBatch", "CandidateGroup", "ParameterLayout", "NNCostEvaluator", "HybridSubspace", "FactoredSubspace",
     "ProbeRadius", "cosine_schedule", "exponential_schedule",
 ]
