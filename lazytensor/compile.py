@@ -64,8 +64,8 @@ class CompiledKernel:
     """
 
     def __init__(self, eager: Callable, label: str, options: dict, formula: tuple):
-        self.eager, self.label, self.source, self.formula = eager, label, eager.source, formula
-        self.fn = torch.compile(eager, fullgraph=True, dynamic=False, options=options or None)
+        self.eager, self.label, self.source, self.formula, self.options = eager, label, eager.source, formula, options
+        self.fn: Callable | None = None  # torch.compile'd at the first compiled call, on the thread that compiles
         self.compiled = True
         self.first = True
         self.background: threading.Thread | None = None
@@ -92,6 +92,8 @@ class CompiledKernel:
         if self.first and args[-1].device.type == "cpu":  # tile(I, J, P, mask, rowmask): a CPU kernel
             inductor.settle_vector_isa()
         self.first = False
+        if self.fn is None:  # the process's first torch.compile imports dynamo and inductor (~2 s): not on the caller's thread
+            self.fn = torch.compile(self.eager, fullgraph=True, dynamic=False, options=self.options or None)
         out = self.fn(*args)
         self._compiled_once()
         return out

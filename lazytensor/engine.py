@@ -23,7 +23,7 @@ import time
 import sympy
 import torch
 
-from . import compile, ir, threads
+from . import allocator, compile, ir, threads
 from .plan import TilePlan, merged_spans, plan_tiles, sparse_plan, tile_schedule
 from .problem import Problem
 
@@ -141,6 +141,8 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
         offset, total = sum(sizes[: sharding.rank]), sum(sizes)
     if n == 0 or total == 0:
         return [c.empty(batch, n if c.reduced_axis == "j" else m, problem.dtype, problem.device) for c in consumers]
+    if problem.device.type == "cpu":
+        allocator.keep_tile_buffers()
     problem, exprs = _lifted(problem, consumers)
     expand = _expansion_safe(problem)
     formula_key = compile.formula_key(problem, consumers, exprs, expand)

@@ -14,6 +14,7 @@ product structure for matrix-product sums, constants to lift).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -35,15 +36,34 @@ def make_symbol(name: str) -> sympy.Symbol:
 
 
 _created = itertools.count()
+_FRESH = 1 << 40  # fresh symbols sort after every formula position
+
+
+@functools.lru_cache(maxsize=None)
+def position_symbol(position: int) -> sympy.Symbol:
+    """The symbol of a formula's ``position``-th variable.
+
+    Formulas name their variables by position, not by identity: the same
+    formula written again on new tensors is the same sympy expression, so
+    sympy's caches, the engine's analyses and the kernel cache hit on every
+    call after the first (a small problem's per-call cost was mostly sympy
+    redoing that work for fresh symbols). Operands are aligned on their merged
+    variables (``variables.aligned``) before they combine.
+    """
+    return make_symbol(f"x{position}")
 
 
 def new_variable_symbol() -> sympy.Symbol:
-    """A fresh variable symbol; creation order gives kernels a stable argument order."""
+    """A fresh symbol for a variable the engine adds to a problem (a cotangent, a selected rank)."""
     return make_symbol(f"v{next(_created)}")
 
 
 def creation_index(sym: sympy.Symbol) -> int:
-    return int(sym.name[1:]) if sym.name[1:].isdigit() else -1
+    """Kernel argument order: formula positions first, then fresh symbols in creation order."""
+    digits = sym.name[1:]
+    if not digits.isdigit():
+        return -1
+    return int(digits) + (_FRESH if sym.name[0] == "v" else 0)
 
 
 def _constants(*args: sympy.Expr, finite: bool = False) -> bool:
@@ -526,8 +546,14 @@ def sum_terms(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]):
     c_ij * (x_i - y_j) becomes x_i * rowsum(c) - c @ y: matrix products
     instead of an N x M x D broadcast, where c is bounded (see ``_products``).
     Terms whose mixed part has feature size above 1 cannot use a matrix
-    product; the caller sums those directly.
+    product; the caller sums those directly. Cached: formulas repeat.
     """
+    return _sum_terms(expr, tuple(info.items()))
+
+
+@functools.lru_cache(maxsize=1024)
+def _sum_terms(expr: sympy.Expr, info: tuple) -> list:
+    info = dict(info)
     return [_split(factors, info) for factors in _products(expr, info)]
 
 
@@ -536,8 +562,13 @@ def lift_constants(exprs: list[sympy.Expr]) -> tuple[list[sympy.Expr], list[tupl
 
     Integers and rationals stay in the formula: they choose the lowering
     (``x**2`` is a square, ``x**(1/2)`` a sqrt). Returns the new expressions and
-    (symbol, value) pairs in a deterministic order.
+    (symbol, value) pairs in a deterministic order. Cached: formulas repeat.
     """
+    return _lift_constants(tuple(exprs))
+
+
+@functools.lru_cache(maxsize=1024)
+def _lift_constants(exprs: tuple) -> tuple[list[sympy.Expr], list[tuple[sympy.Symbol, float]]]:
     found: dict[sympy.Float, sympy.Symbol] = {}
     for e in exprs:
         for node in sympy.preorder_traversal(e):

@@ -14,6 +14,7 @@ name of the ``reductions.named`` table run by ``run``.
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 
@@ -60,26 +61,28 @@ class LazyTensor:
 
     # -- construction -------------------------------------------------------
     @classmethod
-    def _build(cls, expr: sympy.Expr, *parents: "LazyTensor", width: int | None = None) -> "LazyTensor":
-        """A formula over the parents' variables.
+    def _build(cls, make, *parents: "LazyTensor", width: int | None = None) -> "LazyTensor":
+        """The formula ``make(*expressions)`` of the parents, their variables merged (``variables.aligned``).
 
-        ``width`` is its feature size; by default the broadcast of the parents'
-        and the expression's, so that ``x - x`` keeps x's size after sympy
-        folds it to 0. Feature contractions pass 1.
+        ``make`` returns an expression, or a ``vectors.Vec`` that also gives the
+        feature size. ``width`` is the feature size; by default the broadcast of
+        the parents' and the expression's, so that ``x - x`` keeps x's size after
+        sympy folds it to 0. Feature contractions pass 1.
         """
         kind = next((type(p) for p in parents if type(p) is not LazyTensor), cls)  # a flavour (lazytensor.keops) sticks
         out = kind.__new__(kind)
-        out.variables = {}
-        for p in parents:
-            out.variables.update(p.variables)
+        exprs, out.variables = variables.aligned([(p.expr, p.variables) for p in parents])
         out.ranges = next((p.ranges for p in parents if p.ranges is not None), None)
-        out.expr = expr
-        widths = {ir.feature_dim(expr, out.info)}  # raises on feature sizes that do not broadcast
+        made = make(*exprs)
+        if isinstance(made, vectors.Vec):
+            made, width = made
+        out.expr = made
+        widths = {_feature_dim(made, out.variables)}  # raises on feature sizes that do not broadcast
         if width is None:
             widths |= {p.width for p in parents}
         widths.discard(1)
         if len(widths) > 1:
-            raise ValueError(f"feature sizes {sorted(widths)} do not broadcast in {expr}")
+            raise ValueError(f"feature sizes {sorted(widths)} do not broadcast in {made}")
         out.width = width if width is not None else (widths.pop() if widths else 1)
         return out
 
@@ -131,18 +134,20 @@ class LazyTensor:
         return variables.from_numpy(self.variables)
 
     def _unary(self, fn) -> "LazyTensor":
-        return LazyTensor._build(fn(ir.numeric(self.expr)), self)
+        return LazyTensor._build(lambda a: fn(ir.numeric(a)), self)
 
     def _binary(self, other, fn, reverse: bool = False) -> "LazyTensor":
         other = as_lazy(other)
         a, b = (other, self) if reverse else (self, other)
-        return LazyTensor._build(fn(ir.numeric(a.expr), ir.numeric(b.expr)), a, b)
+        return LazyTensor._build(lambda x, y: fn(ir.numeric(x), ir.numeric(y)), a, b)
 
     def _vector(self, builder, *others, **arguments) -> "LazyTensor":
         """The feature-vector operation ``builder`` (see ``vectors``) of self and ``others``."""
         operands = (self, *(as_lazy(o) for o in others))
-        out = builder(*(vectors.Vec(ir.numeric(o.expr), o.width) for o in operands), **arguments)
-        return LazyTensor._build(out.expr, *operands, width=out.width)
+        def make(*exprs):
+            return builder(*(vectors.Vec(ir.numeric(e), o.width) for e, o in zip(exprs, operands)), **arguments)
+
+        return LazyTensor._build(make, *operands)
 
     # -- arithmetic and elementwise functions -------------------------------------
     __add__, __radd__ = _operator(operator.add), _operator(operator.add, reverse=True)
@@ -193,9 +198,11 @@ class LazyTensor:
 
     def mod(self, modulus, offset=0):
         """x - modulus * floor((x - offset) / modulus): in [offset, offset + modulus) (KeOps's Mod; NumPy's mod for offset 0)."""
-        n, d = as_lazy(modulus), as_lazy(offset)
-        x, ne, de = ir.numeric(self.expr), ir.numeric(n.expr), ir.numeric(d.expr)
-        return LazyTensor._build(x - ne * ir.Floor((x - de) / ne), self, n, d)
+        def make(x, n, d):
+            x, n, d = ir.numeric(x), ir.numeric(n), ir.numeric(d)
+            return x - n * ir.Floor((x - d) / n)
+
+        return LazyTensor._build(make, self, as_lazy(modulus), as_lazy(offset))
 
     def clamp(self, low, high):
         """min(max(self, low), high); bounds are numbers or formulas (as torch.clamp with tensor bounds)."""
@@ -205,7 +212,7 @@ class LazyTensor:
         if isinstance(low, (int, float)) and isinstance(high, (int, float)) and low > high:
             raise ValueError(f"clamp expects low <= high, got low={low!r}, high={high!r}")
         lo, hi = as_lazy(low), as_lazy(high)
-        return LazyTensor._build(ir.Clamp(ir.numeric(self.expr), ir.numeric(lo.expr), ir.numeric(hi.expr)), self, lo, hi)
+        return LazyTensor._build(lambda x, a, b: ir.Clamp(*map(ir.numeric, (x, a, b))), self, lo, hi)
 
     def ifelse(self, if_true, if_false):
         """``if_true`` where self >= 0, else ``if_false`` (KeOps's IfElse)."""
@@ -436,9 +443,8 @@ class LazyTensor:
 
     def t(self):
         """The transpose: i-variables become j-variables and back (a (B, M, N, D) array)."""
-        renamed, swapped = variables.transposed(self.variables)
         out = type(self).__new__(type(self))
-        out.expr, out.variables, out.width = self.expr.xreplace(renamed), swapped, self.width
+        out.expr, out.variables, out.width = self.expr, variables.transposed(self.variables), self.width
         out.ranges = None if self.ranges is None else (*self.ranges[3:6], *self.ranges[0:3])
         return out
 
@@ -511,5 +517,14 @@ def Pm(t) -> LazyTensor:
 def where(cond: LazyTensor, a, b) -> LazyTensor:
     """Elementwise choice: ``a`` where ``cond`` holds, else ``b``."""
     cond, a, b = as_lazy(cond), as_lazy(a), as_lazy(b)
-    chosen = sympy.Piecewise((ir.numeric(a.expr), ir.condition(cond.expr)), (ir.numeric(b.expr), True))
-    return LazyTensor._build(chosen, cond, a, b)
+    return LazyTensor._build(lambda c, x, y: sympy.Piecewise((ir.numeric(x), ir.condition(c)), (ir.numeric(y), True)), cond, a, b)
+
+
+@functools.lru_cache(maxsize=4096)
+def _feature_dim_of(expr: sympy.Expr, info: tuple) -> int:
+    return ir.feature_dim(expr, dict(info))
+
+
+def _feature_dim(expr: sympy.Expr, variables_: dict) -> int:
+    """``ir.feature_dim``, cached: the same formula is built again on every call of a user's loop."""
+    return _feature_dim_of(expr, tuple(variables.info(variables_).items()))

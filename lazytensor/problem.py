@@ -6,6 +6,7 @@ problem, never the user's formula object.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 
 import sympy
@@ -79,6 +80,11 @@ class Problem:
     def canonical(self, exprs: list[sympy.Expr]) -> tuple:
         """A structural key for ``exprs``: symbols renamed by axis and position (sympy compares and hashes
         expressions structurally, so the renamed expressions are the key; printing them cost ~1 ms a call)."""
-        rename = {s: ir.make_symbol(f"{self.info[s].axis}{k}_{self.info[s].dim}") for k, s in enumerate(self.order)}
-        return tuple(e.xreplace(rename) for e in exprs)
+        return _canonical(tuple(exprs), tuple((s, self.info[s]) for s in self.order))
+
+
+@functools.lru_cache(maxsize=1024)
+def _canonical(exprs: tuple, order: tuple) -> tuple:
+    rename = {s: ir.make_symbol(f"{info.axis}{k}_{info.dim}") for k, (s, info) in enumerate(order)}
+    return tuple(e.xreplace(rename) for e in exprs)
 

@@ -61,9 +61,8 @@ def run(source, requests: list, axis: str, options: dict) -> list:
     check_chunk_size(chunk_size)
     entries = [named.check(name, argument) for name, argument in requests]
     is_formula = [e.argument in named.FORMULA_ARGUMENTS and a is not None for e, (_, a) in zip(entries, requests)]
-    merged = dict(source.variables)
-    for formula, (_, a) in zip(is_formula, requests):
-        merged.update(a.variables if formula else {})
+    formulas = [a for formula, (_, a) in zip(is_formula, requests) if formula]
+    (expr, *formula_exprs), merged = variables.aligned([(f.expr, f.variables) for f in [source, *formulas]])
     problem, batch = variables.problem(merged, axis)
     ranges = _ranges(options.get("ranges", source.ranges), problem, axis, batch, requests, entries)
     sharding = distributed.active(options.get("group"))
@@ -71,8 +70,9 @@ def run(source, requests: list, axis: str, options: dict) -> list:
         if ranges is not None:
             raise ValueError("ranges (block-sparse reductions) are not supported with a sharded (group=) reduction")
         problem = problem.sharded_over(sum(sharding.sizes(problem.size("j"), problem.device)))
-    expr = ir.numeric(source.expr)
-    arguments = [ir.numeric(a.expr) if formula else a for formula, (_, a) in zip(is_formula, requests)]
+    formula_exprs = iter(formula_exprs)
+    expr = ir.numeric(expr)
+    arguments = [ir.numeric(next(formula_exprs)) if formula else a for formula, (_, a) in zip(is_formula, requests)]
     objects = [e.build(expr, problem, a, source.width) for e, a in zip(entries, arguments)]
     results = autograd.reduce(problem, objects, backend, chunk_size, ranges=ranges, sharding=sharding)
     as_numpy = variables.from_numpy(merged)

@@ -8,6 +8,8 @@ dimension when a reduction runs.
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 
 import numpy as np
@@ -59,20 +61,47 @@ def wrap(x, axis) -> tuple[sympy.Expr, dict, int]:
         raise TypeError(f"LazyTensor expects a torch.Tensor, a NumPy array, a number or a LazyTensor, got {type(x).__name__}")
     x, axis = keops_layout(x) if axis is None else (x, axis_name(axis))
     tensor = normalized(x, axis)
-    symbol = ir.new_variable_symbol()
+    symbol = ir.position_symbol(0)
     return symbol, {symbol: Variable(axis, tensor, follows_dtype, from_numpy)}, tensor.shape[-1]
 
 
-def transposed(variables: dict) -> tuple[dict, dict]:
-    """i-variables as j-variables and back, under new symbols: (old symbol -> new, the new variables)."""
-    renamed, swapped = {}, {}
-    for s, v in variables.items():
-        if v.axis == "p":
-            swapped[s] = v
-            continue
-        renamed[s] = ir.new_variable_symbol()
-        swapped[renamed[s]] = Variable({"i": "j", "j": "i"}[v.axis], v.tensor, v.follows_dtype, v.numpy)
-    return renamed, swapped
+def aligned(operands: list[tuple[sympy.Expr, dict]]) -> tuple[list[sympy.Expr], dict]:
+    """Several formulas' ``(expression, variables)`` on their merged variables.
+
+    Symbols name positions (``ir.position_symbol``), so two formulas' ``x0``
+    are different variables unless they hold the same ``Variable``. The first
+    operand keeps its symbols; every other variable takes the next free
+    position, in order of appearance, and the expressions are renamed to
+    match. Returns the renamed expressions and the merged variables.
+    """
+    (first, merged), *rest = operands
+    merged = dict(merged)
+    symbol_of = {id(v): s for s, v in merged.items()}
+    used = {ir.creation_index(s) for s in merged}
+    free = (k for k in itertools.count() if k not in used)
+    exprs = [first]
+    for expr, variables in rest:
+        rename = {}
+        for s, v in variables.items():
+            if id(v) not in symbol_of:
+                symbol_of[id(v)] = ir.position_symbol(next(free))
+                merged[symbol_of[id(v)]] = v
+            if symbol_of[id(v)] != s:
+                rename[s] = symbol_of[id(v)]
+        exprs.append(_renamed(expr, tuple(rename.items())) if rename else expr)
+    return exprs, merged
+
+
+@functools.lru_cache(maxsize=4096)
+def _renamed(expr: sympy.Expr, rename: tuple) -> sympy.Expr:
+    """``expr`` with its symbols renamed at once (a formula's operands align the same way on every call)."""
+    return expr.xreplace(dict(rename))
+
+
+def transposed(variables: dict) -> dict:
+    """The variables with i and j exchanged (new ``Variable`` objects: x_i and its transpose x_j differ)."""
+    flip = {"i": "j", "j": "i", "p": "p"}
+    return {s: v if v.axis == "p" else Variable(flip[v.axis], v.tensor, v.follows_dtype, v.numpy) for s, v in variables.items()}
 
 
 def keops_layout(x: torch.Tensor) -> tuple[torch.Tensor, str]:
@@ -117,6 +146,9 @@ def info(variables: dict) -> dict[object, ir.VarInfo]:
 
 
 def batch_shape(variables: dict) -> tuple:
+    shapes = {tuple(v.batch_shape) for v in variables.values()}
+    if len(shapes) == 1:  # the common case, without torch.broadcast_shapes (~50 us)
+        return shapes.pop()
     try:
         return tuple(torch.broadcast_shapes(*(v.batch_shape for v in variables.values())))
     except RuntimeError:
@@ -143,7 +175,7 @@ def problem(variables: dict, axis: str) -> tuple[Problem, tuple]:
     tensors = {s: _flatten_batch(v, batch, flat) for s, v in variables.items()}
     if not any(v.axis == other for v in known.values()):  # an i-only (j-only) formula: the kept axis has size 1
         anchor = next(iter(tensors.values()))
-        missing = ir.new_variable_symbol()
+        missing = ir.position_symbol(1 + max(ir.creation_index(s) for s in known))
         known[missing] = ir.VarInfo(other, 1)
         tensors[missing] = anchor.new_zeros(1, 1, 1)
     out = Problem(known, tensors)

@@ -182,13 +182,14 @@ class KernelSolve:
         names = genred._variables(args)
         rhs = names[self.varinvalias]
         f = parse.formula(self.formula, **names)
-        (sym,) = rhs.variables
+        (solved,) = rhs.variables.values()
+        sym = next(s for s, v in f.variables.items() if v is solved)  # its symbol in f (symbols name positions)
         kernel_expr = sympy.diff(f.expr, sym)
         if f.expr.subs(sym, 0) != 0 or sym in kernel_expr.free_symbols:
             raise ValueError(f"KernelSolve: the formula {self.formula!r} must be linear in {self.varinvalias!r} (K_ij * a)")
         if ir.feature_dim(kernel_expr, f.info) != 1:
             raise ValueError("KernelSolve: K_ij (the formula's derivative in the solved variable) must be a scalar")
-        K = LazyTensor._build(kernel_expr, f, width=1)
+        K = LazyTensor._build(lambda _: kernel_expr, f, width=1)
         K.variables = {s: v for s, v in f.variables.items() if s != sym}
         if self.axis == 0:
             K = K.T

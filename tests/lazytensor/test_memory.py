@@ -64,3 +64,25 @@ def test_peak_rss_growth_is_far_below_the_dense_intermediate():
     report = {n: g / 2**20 for n, g in zip(names, growths)}
     over = {n: f"{g:.0f} MiB (limit {CASES[n][1]}, dense {CASES[n][2]})" for n, g in report.items() if g >= CASES[n][1]}
     assert not over, f"peak RSS growth above the limit: {over}"
+
+
+
+def test_cpu_passes_keep_freed_tile_buffers_in_the_process(monkeypatch):
+    """Every CPU pass makes sure glibc's thresholds are raised (``lazytensor.allocator``); the setting
+    is on by default on glibc and ``LAZYTENSOR_KEEP_MALLOC=0`` leaves the allocator alone."""
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    from lazytensor import allocator
+
+    calls = []
+    monkeypatch.setattr(allocator, "keep_tile_buffers", lambda: calls.append(1))
+    lt.Vi(torch.randn(5, 2)).sqdist(lt.Vj(torch.randn(4, 2))).sum(1, backend="eager")
+    assert calls == [1]
+    probe = "from lazytensor import allocator; print(allocator.keep_tile_buffers())"
+    for keep, expected in (("1", str(platform.libc_ver()[0] == "glibc")), ("0", "False")):
+        env = {**os.environ, "LAZYTENSOR_KEEP_MALLOC": keep}
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+        assert out.strip() == expected

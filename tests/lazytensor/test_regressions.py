@@ -424,3 +424,39 @@ def test_constant_functions_of_constants_fold(name, lazy, dense):
     out = (lazy(one) + lt.Vi(x).dot(lt.Vj(y)) * 0.0).sum(1)
     ref = dense(torch.ones((), dtype=torch.float64)) * 4
     torch.testing.assert_close(out, ref.expand(3, 2), equal_nan=True, **F64)
+
+
+# -- symbols name positions (ir.position_symbol): formulas built apart combine on their own variables ----
+def test_formulas_built_apart_keep_their_variables_when_combined():
+    torch.manual_seed(0)
+    x, z = torch.randn(7, 2, dtype=torch.float64, requires_grad=True), torch.randn(7, 2, dtype=torch.float64, requires_grad=True)
+    y, w = torch.randn(5, 2, dtype=torch.float64, requires_grad=True), torch.randn(5, 2, dtype=torch.float64, requires_grad=True)
+    first = lt.Vi(x).sqdist(lt.Vj(y))  # x at position 0, y at 1
+    second = (lt.Vj(w) - lt.Vi(z)).sqnorm2()  # w at position 0, z at 1: both clash with the first's
+    lazy = ((-first).exp() * second + lt.Vi(x).sqnorm2()).sum(1)
+    d1, d2 = torch.cdist(x, y) ** 2, torch.cdist(z, w) ** 2
+    assert_same(lazy, ((-d1).exp() * d2 + (x**2).sum(1, keepdim=True)).sum(1, keepdim=True), [x, y, z, w])
+
+
+def test_arguments_built_apart_are_aligned_with_the_reduced_formula():
+    torch.manual_seed(1)
+    x, y = torch.randn(6, 3, dtype=torch.float64, requires_grad=True), torch.randn(9, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(9, 2, dtype=torch.float64, requires_grad=True)
+    K = -lt.Vi(x).sqdist(lt.Vj(y))
+    values = lt.Vj(v) * 2.0  # its own x0 is v, not x
+    weights = torch.softmax(-torch.cdist(x, y) ** 2, dim=1)
+    assert_same(K.softmax_weighted_sum(values, dim=1), weights @ (2 * v), [x, y, v])
+    lse = K.logsumexp(dim=1, weight=lt.Vj(v.exp()))
+    assert_same(lse, torch.logsumexp(-torch.cdist(x, y)[..., None] ** 2 + v[None], dim=1), [x, y, v])
+
+
+def test_a_formula_plus_its_transpose_and_the_same_formula_on_new_tensors():
+    torch.manual_seed(2)
+    x = torch.randn(8, 2, dtype=torch.float64, requires_grad=True)
+    a = torch.randn(8, 1, dtype=torch.float64, requires_grad=True)
+    K = (-lt.Vi(x).sqdist(lt.Vj(x))).exp() * lt.Vi(a)
+    dense = (-torch.cdist(x, x) ** 2).exp() * a
+    assert_same((K + K.T).sum(1), (dense + dense.T).sum(1, keepdim=True), [x, a])
+    x2 = torch.randn(8, 2, dtype=torch.float64)
+    again = ((-lt.Vi(x2).sqdist(lt.Vj(x2))).exp() * lt.Vi(a)).sum(1)  # the same expression, other tensors
+    torch.testing.assert_close(again, ((-torch.cdist(x2, x2) ** 2).exp() * a).sum(1, keepdim=True), **F64)
