@@ -60,7 +60,8 @@ def main():
         "threads": torch.get_num_threads(),
         "seconds": seconds, "fit_seconds": fitted, "cpu_seconds": cpu_seconds,
         "iterations": info.iterations, "pairs_per_second": info.pairs_per_second, "matvecs": info.matvecs,
-        "converged": bool(info.converged), "reason": info.reason,
+        "converged": bool(info.converged), "reason": info.reason, "stopping_norm": info.norm,
+        "max_residual": float(info.residuals.max()),
         "peak_rss_mib": peak_rss_mib(), "peak_rss_before_fit_mib": before,
         "held_out_r2": r2(prediction, target(Xq)),
     }
