@@ -14,7 +14,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from .. import autograd, ir, variables
+from .. import autograd, distributed, ir, variables
 from ..lazy_tensor import LazyTensor
 from ..plan import MAX_TILE_ROWS, PAIRS_PER_TILE, bucket, check_chunk_size
 from .base import Reduction, column_side
@@ -77,10 +77,14 @@ def normal_product(F: LazyTensor, *, dtype_acc=None, chunk_size=None, backend: s
     """``K^T (K W)`` (M x C) for ``F = K_ij * W_j`` in one pass over K's tiles (no gradient).
 
     ``dtype_acc`` as for sums (products and the state in that dtype);
-    ``chunk_size`` rows, or (rows, M). Batch dimensions are not supported.
+    ``chunk_size`` rows, or (rows, M). Batch dimensions and shardings are not supported (a
+    sharded caller runs it on its own rows under ``distributed.local()`` and sums the results).
     """
     if not isinstance(F, LazyTensor):
         raise TypeError(f"normal_product: F must be a LazyTensor formula, got {type(F).__name__}")
+    if distributed.active() is not None:
+        raise ValueError("normal_product does not run sharded: call it under lazytensor.distributed.local() "
+                         "on this rank's rows and all-reduce the (M, C) results")
     problem, batch = variables.problem(dict(F.variables), "j")
     if batch:
         raise ValueError("normal_product does not support batch dimensions")
