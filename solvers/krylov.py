@@ -29,6 +29,7 @@ class KrylovInfo:
 
     ``product_seconds``: wall time spent in those products (CG); estimators that know how
     many kernel entries a pass evaluates set ``pairs_per_second`` from it (NaN otherwise).
+    ``norm``: what ``residuals`` measure and CG stopped on (``"euclidean"`` or ``"preconditioned"``).
     """
 
     iterations: int = 0
@@ -39,6 +40,7 @@ class KrylovInfo:
     converged: bool = False
     reason: str = ""
     column_converged: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.bool))
+    norm: str = "euclidean"
 
     def __repr__(self):
         worst = float(self.residuals.max()) if self.residuals.numel() else float("nan")
@@ -70,7 +72,7 @@ def fix_signs(vectors: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- CG
 def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: float = 1e-6, atol: float = 0.0,
-       maxiter: int | None = None, exact=None):
+       maxiter: int | None = None, exact=None, norm: str = "euclidean"):
     """Solve ``A X = B`` for symmetric positive definite ``A`` and every column of ``B``.
 
     A column stops when its true residual satisfies ``||b - A x|| <= max(rtol ||b||, atol)``:
@@ -82,7 +84,11 @@ def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: floa
     with a cheaper, less accurate ``A`` (float32 tiles) each restart is a step of
     iterative refinement, so the answer meets ``rtol`` in ``exact``'s precision;
     if a cycle on ``A`` stalls or breaks down, the remaining cycles use ``exact``.
-    Returns ``(X, info)`` with ``info.residuals`` the final true residual norms.
+    ``norm="preconditioned"`` measures residuals (and ``b``) as ``sqrt(r^T M r)``: with
+    ``M ~ A^{-1}`` that is the error's energy norm ``||x - x*||_A``, the quantity CG
+    minimizes (and the Euclidean residual of the system in the variables ``M`` factors
+    into, where Falkon stops). Returns ``(X, info)`` with ``info.residuals`` the final
+    true residual norms.
     """
     A = as_source(A)
     exact = A if exact is None else as_source(exact)
@@ -90,7 +96,10 @@ def cg(A, B: torch.Tensor, *, M=None, x0: torch.Tensor | None = None, rtol: floa
     B, vector = _right_hand_sides(A, B)
     if M is not None and not callable(M):
         raise TypeError(f"M must be a callable R -> approximately A^-1 R, got {type(M).__name__}")
-    run = _CG(A, exact, B, M, maxiter or min(10 * A.shape[0], 10_000), torch.clamp(rtol * B.norm(dim=0), min=atol))
+    if norm not in ("euclidean", "preconditioned") or (norm == "preconditioned" and M is None):
+        raise ValueError(f"norm must be 'euclidean' or 'preconditioned' (which needs M), got {norm!r}"
+                         + (" without M" if norm == "preconditioned" else ""))
+    run = _CG(A, exact, B, M, maxiter or min(10 * A.shape[0], 10_000), rtol, atol, norm)
     run.start(_initial_guess(x0, B, vector, A.dtype))
     while True:
         active = (~run.stopped & (run.true_norm > run.target)).nonzero().squeeze(1)
@@ -129,10 +138,11 @@ def _initial_guess(x0, B: torch.Tensor, vector: bool, dtype) -> torch.Tensor | N
 class _CG:
     """One block CG run: the iterate, the true residuals and which columns stopped, updated by named steps."""
 
-    def __init__(self, A, exact, B, M, maxiter: int, target: torch.Tensor):
-        self.A, self.exact, self.B, self.M, self.maxiter, self.target = A, exact, B, M, maxiter, target
+    def __init__(self, A, exact, B, M, maxiter: int, rtol: float, atol: float, norm: str):
+        self.A, self.exact, self.B, self.M, self.maxiter, self.norm = A, exact, B, M, maxiter, norm
+        self.target = torch.clamp(rtol * self.measure(B), min=atol)
         self.guard = max(A.shape[0], 10) * torch.finfo(A.dtype).eps  # cosines below this are roundoff: no curvature
-        self.info = KrylovInfo()
+        self.info = KrylovInfo(norm=norm)
         self.stopped = torch.zeros(B.shape[1], dtype=torch.bool, device=B.device)  # converged or broken down
         self.broken = torch.zeros_like(self.stopped)
         self.reason = "maxiter"
@@ -152,12 +162,19 @@ class _CG:
             raise ValueError(f"M must map a residual block of shape {tuple(R.shape)} to the same shape, got {got}")
         return Z.to(R.dtype)
 
+    def measure(self, R, Z=None) -> torch.Tensor:
+        """Column norms of residuals ``R`` in the stopping norm (``Z``: ``M R`` when known)."""
+        if self.norm == "euclidean":
+            return R.norm(dim=0)
+        Z = self.precondition(R) if Z is None else Z
+        return (R * Z).sum(0).clamp_min(0).sqrt()
+
     def start(self, X0) -> None:
         """The iterate and its true residual: ``B`` itself from zero, one product from ``x0``."""
         self.X = torch.zeros_like(self.B) if X0 is None else X0
         self.R = self.B - self.product(self.exact, self.X) if X0 is not None else self.B.clone()
         self.info.matvecs += X0 is not None
-        self.true_norm = self.R.norm(dim=0)
+        self.true_norm = self.measure(self.R)
 
     def stop(self, columns) -> None:
         """Columns whose curvature or preconditioned residual vanished: not positive definite there."""
@@ -186,11 +203,11 @@ class _CG:
             step = torch.where(bad, torch.zeros_like(curvature), rz[live] / torch.where(bad, 1.0, curvature))
             self.X[:, cols] += Pl * step
             Ra[:, live] -= AP * step
-            norms = Ra[:, live].norm(dim=0)
-            live = live[~bad & (norms > self.target[cols])]
+            Zl = self.precondition(Ra[:, live])
+            going = ~bad & (self.measure(Ra[:, live], Zl) > self.target[cols])
+            live, Zl = live[going], Zl[:, going]
             if live.numel() == 0:
                 break
-            Zl = self.precondition(Ra[:, live])
             rz_new = (Ra[:, live] * Zl).sum(0)
             dead = ~(rz_new > guard * Ra[:, live].norm(dim=0) * Zl.norm(dim=0))  # preconditioner not SPD
             if dead.any():
@@ -205,7 +222,7 @@ class _CG:
         previous = self.true_norm[active].clone()
         self.R[:, active] = self.B[:, active] - self.product(self.exact, self.X[:, active])
         self.info.matvecs += 1
-        self.true_norm[active] = self.R[:, active].norm(dim=0)
+        self.true_norm[active] = self.measure(self.R[:, active])
         stalled = (self.true_norm[active] > self.target[active]) & (self.true_norm[active] >= 0.5 * previous)
         if self.A is not self.exact and (stalled.any() or self.broken.any()):
             self.A = self.exact

@@ -17,6 +17,7 @@ import torch
 import lazytensor as lt
 from lazytensor import distributed
 from lazytensor.plan import check_chunk_size
+from lazytensor.reductions.normal import normal_product
 
 from .kernels import as_kernel, check_pair, check_tensor, formula, matrix
 
@@ -165,6 +166,13 @@ class StreamedKernel(Source):
         """``K.T @ U`` (2-D ``U``): a sum over i, differentiable."""
         return self._sum(self.K * lt.Vi(U.to(self.tile_dtype)), 0)
 
+    def gram(self, V):
+        """``K.T @ (K @ V)`` in one pass: each row block's tile evaluated once for both products (no gradient)."""
+        with torch.no_grad():
+            rows = None if self.chunk_size is None else check_chunk_size(self.chunk_size)[0]
+            return normal_product(self.K * lt.Vj(V.detach().to(self.tile_dtype)), dtype_acc=self.dtype_acc,
+                                  chunk_size=rows).to(self.dtype)
+
     def diag(self) -> torch.Tensor:
         """k(x_i, x_i): the formula on one variable twice (sympy folds radial kernels to exactly 1)."""
         if not self.symmetric:
@@ -249,7 +257,7 @@ class ShardedKernel(Source):
 
     def gram(self, V):
         """``K^T (K V)``: this rank's rows of ``K V`` stay local; one all-reduce of the (m, c) sum."""
-        return self._summed(lambda: self.local.rmatmul(self.local.matmul(V)))
+        return self._summed(lambda: self.local.gram(V))
 
     def diag(self) -> torch.Tensor:
         if not self.symmetric:

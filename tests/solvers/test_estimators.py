@@ -85,7 +85,7 @@ def test_landmark_without_the_normal_matrix_uses_falkon(monkeypatch, dtype, tol)
     Knm, Kmm = reference(RBF(0.5), X, L), reference(RBF(0.5), L, L)
     coef = torch.linalg.solve(Knm.T @ Knm + 2.0 * Kmm, Knm.T @ Y)
     est = LandmarkRidge(RBF(0.5), 2.0, landmarks=L.to(dtype), source="streamed",
-                        rtol=1e-12 if dtype == torch.float64 else 1e-5).fit(X.to(dtype), Y.to(dtype))
+                        rtol=1e-12 if dtype == torch.float64 else None).fit(X.to(dtype), Y.to(dtype))
     assert est.info_.converged and est.info_.iterations > 3  # the CG ran on the preconditioned normal equations
     assert est.info_.pairs_per_second > 0 and est.info_.product_seconds > 0
     prediction = reference(RBF(0.5), Xq, L) @ coef

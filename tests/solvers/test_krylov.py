@@ -187,3 +187,25 @@ def test_operators_compose():
     shifted = FunctionOperator(K.shape, K.dtype, K.device, lambda V: K @ V + 2.0 * V)
     vals, _, _ = lanczos_eigsh(shifted, 2, search_width=5)
     torch.testing.assert_close(vals, torch.linalg.eigvalsh(K).flip(0)[:2] + 2.0)
+
+
+def test_cg_preconditioned_norm_bounds_the_energy_error():
+    """norm="preconditioned" stops on sqrt(r^T M r) / sqrt(b^T M b): with M ~ A^-1 the relative A-norm error."""
+    X, K, A = _spd(300, alpha=1e-3)
+    M = nystrom(StreamedKernel(RBF(0.25), X), 60, 1e-3)
+    B = torch.randn(300, 2, dtype=torch.float64)
+    x, info = cg(A, B, M=M, rtol=1e-6, norm="preconditioned")
+    assert info.converged and info.norm == "preconditioned"
+    R = B - A @ x
+    measured = (R * M(R)).sum(0).sqrt()
+    torch.testing.assert_close(info.residuals, measured, rtol=1e-3, atol=1e-30)
+    assert (measured <= 1e-6 * (B * M(B)).sum(0).sqrt() * 1.0001).all()
+    exact = torch.linalg.solve(A, B)
+    energy = lambda E: (E * (A @ E)).sum(0).sqrt()  # noqa: E731
+    assert (energy(x - exact) / energy(exact)).max() < 1e-4
+    _, euclidean = cg(A, B, M=M, rtol=1e-6)
+    assert euclidean.norm == "euclidean"
+    with pytest.raises(ValueError, match="needs M"):
+        cg(A, B, norm="preconditioned")
+    with pytest.raises(ValueError, match="norm"):
+        cg(A, B, M=M, norm="energy")

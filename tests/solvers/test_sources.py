@@ -120,3 +120,36 @@ def test_composed_operators_match_their_dense_matrices():
         Shifted(StreamedKernel(RBF(0.4), X, L), 1.0)
     with pytest.raises(ValueError, match="Normal needs B of shape"):
         Normal(StreamedKernel(RBF(0.4), X, L), StoredKernel(K), 0.1)
+
+
+@pytest.mark.parametrize("backend", ["eager", "compiled"])
+def test_gram_is_one_pass_with_padded_tiles(backend):
+    """K^T (K V) from one pass (each tile evaluated once): odd sizes pad rows and columns of compiled tiles."""
+    from lazytensor import engine
+    from lazytensor.reductions.normal import normal_product
+
+    X, Y, V, _ = _data(203, 37, 3, 2)
+    K = reference(RBF(0.5), X, Y)
+    S = StreamedKernel(RBF(0.5), X, Y)
+    before = sum(engine.routes.values())
+    got = normal_product(S.K * lt.Vj(V), backend=backend, chunk_size=16)
+    assert sum(engine.routes.values()) == before + 1
+    torch.testing.assert_close(got, K.T @ (K @ V), rtol=1e-12, atol=1e-12)
+    fast = S.with_tile_dtype(torch.float32).gram(V)  # float32 tiles, products and state in float64
+    assert fast.dtype == torch.float64
+    torch.testing.assert_close(fast, K.T @ (K @ V), rtol=1e-5, atol=1e-5)
+
+
+def test_normal_product_refuses_what_it_cannot_fuse():
+    from lazytensor.reductions.normal import normal_product
+
+    X, Y, V, U = _data(20, 7, 3, 2)
+    K = (-lt.Vi(X).sqdist(lt.Vj(Y))).exp()
+    with pytest.raises(ValueError, match="K_ij \\* W_j"):
+        normal_product(K * lt.Vi(U))  # weights on the i side
+    with pytest.raises(ValueError, match="K_ij \\* W_j"):
+        normal_product(K)
+    with pytest.raises(TypeError, match="LazyTensor"):
+        normal_product(torch.ones(3, 3))
+    empty = StreamedKernel(RBF(0.5), X[:0], Y).gram(V)
+    assert empty.shape == (7, 2) and not empty.any()
