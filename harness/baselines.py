@@ -215,8 +215,7 @@ def mean_or_best(task: Task, mean: torch.Tensor, best: torch.Tensor | None, best
 
 
 RUNNERS: dict[str, Callable[[Task, Meter, int, dict], None]] = {
-    "polytope-defaults": run_polytope, "polytope-scaled": run_polytope, "polytope": run_polytope,
-    "random-search": run_random_search, "spsa": run_spsa,
+    "polytope-defaults": run_polytope, "polytope": run_polytope, "random-search": run_random_search, "spsa": run_spsa,
     "sep-cma": run_sep_cma, "polystep": run_polystep, "adam": run_adam, "ngopt": run_ngopt, "snes": run_evotorch,
     "cem": run_evotorch}
 OPTIONAL_PACKAGES = {"sep-cma": "cma", "polystep": "polystep", "ngopt": "nevergrad", "snes": "evotorch", "cem": "evotorch"}
@@ -225,7 +224,6 @@ OPTIONAL_PACKAGES = {"sep-cma": "cma", "polystep": "polystep", "ngopt": "nevergr
 # parameter units; MLP tasks start from PyTorch's default initialisation.
 GRIDS: dict[str, list[dict[str, Any]]] = {
     "polytope-defaults": [{}],  # nothing but the seed and the budget: what a user who keeps the defaults gets
-    "polytope-scaled": [{"tensor_scales": True}],  # the defaults plus one scale per parameter tensor (opt-in)
     "polytope": [
         {"radii": r, "radius_model": "quadratic", "trust_region": True, "rotation": "last_step", "momentum": m,
          "blocks": blocks, "block_dim": d}

@@ -23,12 +23,10 @@ from .baselines import GRIDS, OPTIONAL_PACKAGES, RUNNERS, BudgetExhausted, Meter
 from .method import BenchmarkError, kept_on_interrupt, progress, summarize, write_json
 from .tasks import TASK_BUILDERS, TASKS
 
-OPTIMIZERS = ("polytope-defaults", "polytope-scaled", "polytope",
-              "random-search", "spsa", "sep-cma", "polystep", "adam", "ngopt", "snes", "cem")
-LABELS = {"polytope-defaults": "polytope (defaults)", "polytope-scaled": "polytope (tensor_scales)",
-          "polytope": "polytope (tuned)", "ngopt": "NGOpt", "snes": "SNES",
+OPTIMIZERS = ("polytope-defaults", "polytope", "random-search", "spsa", "sep-cma", "polystep", "adam", "ngopt", "snes", "cem")
+LABELS = {"polytope-defaults": "polytope (defaults)", "polytope": "polytope (tuned)", "ngopt": "NGOpt", "snes": "SNES",
           "cem": "CEM", "sep-cma": "sep-CMA-ES"}
-PACKAGES = {**OPTIONAL_PACKAGES, "polytope-defaults": "polytope", "polytope-scaled": "polytope", "polytope": "polytope"}
+PACKAGES = {**OPTIONAL_PACKAGES, "polytope-defaults": "polytope", "polytope": "polytope"}
 
 
 def run_one(task_name: str, method: str, seed: int, config: dict, budget: int, wall: float | None) -> dict[str, Any]:

@@ -97,7 +97,7 @@ class PolytopeConfig:
     adaptive_probes: bool = False
     amortize_steps: int | None = None
     multifidelity_screen: dict | MultifidelityScreen | None = None
-    tensor_scales: bool = False
+    tensor_scales: bool = True
     seed: int | None = None
     max_evaluations: float | None = None
     evaluator: EvaluatorOptions = field(init=False, repr=False, compare=False)

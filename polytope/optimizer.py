@@ -95,7 +95,7 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         adaptive_probes: bool = False,
         amortize_steps: int | None = None,
         multifidelity_screen: dict | None = None,
-        tensor_scales: bool = False,
+        tensor_scales: bool = True,
         seed: int | None = None,
         max_evaluations: float | None = None,
         *,
