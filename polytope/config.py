@@ -97,6 +97,7 @@ class PolytopeConfig:
     adaptive_probes: bool = False
     amortize_steps: int | None = None
     multifidelity_screen: dict | MultifidelityScreen | None = None
+    tensor_scales: bool = True
     seed: int | None = None
     max_evaluations: float | None = None
     evaluator: EvaluatorOptions = field(init=False, repr=False, compare=False)
@@ -119,7 +120,7 @@ class PolytopeConfig:
             put("sinkhorn_relaxation", check.positive("sinkhorn_relaxation", self.sinkhorn_relaxation))
         for name in ("sinkhorn_max_iter", "chunk_size", "amortize_steps", "block_dim"):
             check.integer(name, getattr(self, name), optional=name != "sinkhorn_max_iter")
-        for name in ("adaptive_probes", "compile", "compile_evaluator"):
+        for name in ("adaptive_probes", "compile", "compile_evaluator", "tensor_scales"):
             check.flag(name, getattr(self, name))
         if self.max_evaluations is not None:
             put("max_evaluations", check.positive("max_evaluations", self.max_evaluations))

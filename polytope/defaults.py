@@ -3,8 +3,10 @@
 Measured on the harness tasks (docs/polytope.md, "Defaults"): one block over
 all parameters probed along a low-dimensional frame, the quadratic radius
 model inside a trust region, the last step as the first frame axis, momentum
-0.5, and an adaptive temperature (``controllers.AdaptiveTemperature``). What
-depends on the problem is sized here:
+0.5, an adaptive temperature (``controllers.AdaptiveTemperature``), and one
+probe scale per parameter tensor of a block (``tensor_scales``, steered toward
+equal curvature by ``probes.Probes.follow_curvature``). What depends on the
+problem is sized here:
 
 - the frame dimension: 8 axes (16 probes and one or two incumbents per step),
   fewer when the budget could not pay for ``MIN_STEPS`` steps of that frame,

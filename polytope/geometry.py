@@ -34,19 +34,24 @@ def vertex_count(kind: str, dim: int) -> int:
 
 
 def random_basis(
-    size: int, dim: int, generator: torch.Generator, dtype: torch.dtype = torch.float64, bias: torch.Tensor | None = None
+    size: int, dim: int, generator: torch.Generator, dtype: torch.dtype = torch.float64, bias: torch.Tensor | None = None,
+    support: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A (size, dim) matrix with orthonormal columns, Haar-distributed.
 
     With ``bias`` (a (size,) vector, e.g. the last displacement) the first column
     is that direction and the rest are random in its orthogonal complement, so
-    the polytope probes along the previous move as well as around it. The
+    the polytope probes along the previous move as well as around it. With
+    ``support`` (a (size, dim) 0/1 mask) column j is drawn on its support only
+    (before the bias and the orthonormalisation). The
     Gaussian is drawn in float32 (CPU float64 sampling is ~6x slower, and a
     basis is drawn per block every step); the QR runs in float64.
     """
     if dim > size:
         raise ValueError(f"frame dimension {dim} exceeds block size {size}")
     gauss = torch.randn(size, dim, generator=generator, dtype=torch.float32).double()
+    if support is not None:
+        gauss *= support
     if bias is not None and float(bias.norm()) > 0.0:
         gauss[:, 0] = bias.to(torch.float64)
     q, r = torch.linalg.qr(gauss)

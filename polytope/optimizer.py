@@ -39,7 +39,7 @@ from .defaults import frame_dims, initial_radius
 from .geometry import vertex_count
 from .moves import BlockModels, Momentum, fit_models, move_lengths
 from .objective import ClosureObjective, EvaluatorObjective, Objective
-from .probes import ProbeRecord, Probes, make_blocks
+from .probes import ProbeRecord, Probes, make_blocks, tensor_segments
 from .scoring import Scorer
 from .transport import Transport, barycentric_directions
 
@@ -95,6 +95,7 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         adaptive_probes: bool = False,
         amortize_steps: int | None = None,
         multifidelity_screen: dict | None = None,
+        tensor_scales: bool = True,
         seed: int | None = None,
         max_evaluations: float | None = None,
         *,
@@ -115,8 +116,7 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         self._generator = torch.Generator().manual_seed(seed)
         self._x = parameters_to_vector(self._params).detach().clone()
         self.probes, self._block_group = self._make_probes()
-        self.momentum_state = Momentum(self.dims)
-        self.scale = ProbeScale()
+        self.momentum_state, self.scale = Momentum(self.dims), ProbeScale()
         self.temperature = AdaptiveTemperature() if c.temperature is None else FixedTemperature(c.temperature)
         self.transport = Transport(c.solver, c.sinkhorn_relaxation, c.sinkhorn_max_iter)
         self.scorer = Scorer(c.chunk_size, c.subspace, c.multifidelity_screen, self._generator)
@@ -143,7 +143,8 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         else:
             dims = [min(index.numel(), c.block_dim) for index in blocks]
         group_of = [g for g, tensors_g in enumerate(tensors) for _ in range(sum(n for n, _ in tensors_g))]
-        return Probes(blocks, dims, c.polytope, self._generator), [group_of[int(index[0])] for index in blocks]
+        segments = tensor_segments(blocks, [n for tensors_g in tensors for n, _ in tensors_g]) if c.tensor_scales else None
+        return Probes(blocks, dims, c.polytope, self._generator, segments), [group_of[int(index[0])] for index in blocks]
 
     @staticmethod
     def _check_group(group: dict) -> None:
@@ -296,7 +297,7 @@ class PolytopeOptimizer(torch.optim.Optimizer):
     def _probes(self, objective: Objective, token, active: list[int], room: float) -> tuple[torch.Tensor, torch.Tensor, list]:
         """(radii (P, K), losses (P, Vmax, K), active): the last sweep's when it may be reused, else a new sweep."""
         record = self._record
-        reuse = (self.config.adaptive_probes and record is not None and token is not None
+        reuse = (self.config.adaptive_probes and not self.probes.scaled and record is not None and token is not None
                  and record.token == token and torch.equal(record.point, self._x))
         self.last_info["reused_probes"] = reuse
         if reuse:
@@ -344,12 +345,18 @@ class PolytopeOptimizer(torch.optim.Optimizer):
                 self.probes.last_move[p] = step[index]  # indexing with a tensor copies
         self._apply(step)
         self._adapt_radius(moves, losses, mean_radii, active)
+        if curvs and curvs[0] is not None:  # tensor scales follow the probed curvature (no-op without segments)
+            for p, a in enumerate(active):
+                if a:
+                    self.probes.follow_curvature(p, curvs[p][:a])
         self.last_info.update(clipped=clipped, incumbent_loss=f_x, scale=self.scale.value, evaluations=self.evaluations,
                               step_norm=float(step.norm()), probed_blocks=int(probed.sum()))
 
     def _apply(self, scaled_step: torch.Tensor) -> None:
-        subspace = self.config.subspace
-        step = scaled_step if subspace is None else subspace.to_flat(scaled_step[None].to(self._x.dtype))[0]
+        """Move by ``D * scaled_step`` (``D`` the probes' tensor scales, if any), through the subspace if there is one."""
+        subspace, metric = self.config.subspace, self.probes.metric_vector(scaled_step.numel())
+        step = scaled_step if metric is None else metric * scaled_step
+        step = step if subspace is None else subspace.to_flat(step[None].to(self._x.dtype))[0]
         self._x = self._x + step.to(self._x.dtype)
         self._pending += scaled_step
         with torch.no_grad():

@@ -3,13 +3,22 @@ what a budget-limited step can afford to probe, and the record of one sweep (``P
 
 Block ``p`` owns coordinates ``index_p`` (``m_p`` of them) and a frame of
 dimension ``d_p <= m_p``, embedded by a basis ``R_p`` (``m_p x d_p``, orthonormal
-columns). Its candidates are ``x + r_pk * metric_p * (R_p v)`` for every vertex
+columns). Its candidates are ``x + r_pk * D_p * (R_p v)`` for every vertex
 ``v`` and probe radius ``r_pk``; every other block stays at the incumbent.
-``metric`` scales coordinates (e.g. by each tensor's initial spread), so all
-frame-coordinate statistics live in the scaled space ``y = x / metric``.
+
+``D_p`` is a diagonal metric, one scale per *segment* (the block's pieces of
+its parameter tensors; ``D = 1`` unless the optimizer passes segments, which
+``tensor_scales=True`` does). Then the last random axis of each new frame is
+drawn inside one segment, picked uniformly (orthonormalising it against the
+earlier axes leaves a share of about ``d / m_p`` of it outside), and ``follow_curvature`` moves that
+segment's scale until its curvature along that axis matches the mean curvature
+of the frame's mixed axes: a Jacobi (diagonal) preconditioner per tensor, from
+the curvature the radius model estimates anyway. Frame statistics, moves and
+momentum all live in the scaled coordinates ``y = x / D``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +28,7 @@ from .candidates import CandidateGroup
 from .geometry import frame, procrustes, random_basis, vertex_count
 
 ROTATIONS = ("random", "last_step", "none")
+SCALE_LIMIT = 1e3  # segment scales stay within this factor of their geometric mean
 
 
 def make_blocks(spec, group_tensors: list[list[tuple[int, int]]], subspace_blocks: list[int] | None) -> list[torch.Tensor]:
@@ -64,6 +74,17 @@ def _group_blocks(spec, tensors: list[tuple[int, int]], space: int) -> list[int]
     return sizes
 
 
+def tensor_segments(blocks: list[torch.Tensor], tensor_sizes: list[int]) -> list[list[int]]:
+    """Each (contiguous) block's pieces of the parameter tensors it overlaps, as sizes in order."""
+    ends = _cumsum(tensor_sizes)
+    out = []
+    for index in blocks:
+        start, stop = int(index[0]), int(index[-1]) + 1
+        cuts = [start] + [e for e in ends if start < e < stop] + [stop]
+        out.append([b - a for a, b in zip(cuts[:-1], cuts[1:])])
+    return out
+
+
 def _cumsum(values) -> list[int]:
     out, total = [], 0
     for v in values:
@@ -76,19 +97,89 @@ class Probes:
     """Frames, bases and last displacements per block; builds the candidate groups of a step."""
 
     def __init__(self, blocks: list[torch.Tensor], dims: list[int], polytope: str, generator: torch.Generator,
-                 metric: torch.Tensor | None = None):
+                 segments: list[list[int]] | None = None):
         self.blocks, self.dims, self.polytope, self.generator = blocks, dims, polytope, generator
         self._frames: dict[int, torch.Tensor] = {}
-        self.metric = None if metric is None else [metric[index] for index in blocks]
-        self.bases = [random_basis(index.numel(), d, generator) for index, d in zip(blocks, dims)]
+        self.segments = [[int(index.numel())] for index in blocks] if segments is None else [list(s) for s in segments]
+        self.scales = [torch.ones(len(s), dtype=torch.float64) for s in self.segments]
+        self.aligned: list[int | None] = [None] * len(blocks)  # segment holding the frame's last axis
+        self.bases = [self._basis(p, None) for p in range(len(blocks))]
         self.last_move = [torch.zeros(index.numel(), dtype=torch.float64) for index in blocks]
 
+    @property
+    def scaled(self) -> bool:
+        """Whether any block has several segments (then the metric and its state exist)."""
+        return any(len(s) > 1 for s in self.segments)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"bases": [b.clone() for b in self.bases], "last_move": [m.clone() for m in self.last_move]}
+        state = {"bases": [b.clone() for b in self.bases], "last_move": [m.clone() for m in self.last_move]}
+        if self.scaled:  # only then: saves of the default layout keep the keys earlier versions wrote
+            state.update(segment_scales=[s.clone() for s in self.scales], aligned_segments=list(self.aligned))
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.bases = [b.clone() for b in state["bases"]]
         self.last_move = [m.clone() for m in state["last_move"]]
+        if self.scaled:
+            self.scales = [s.clone() for s in state["segment_scales"]]
+            self.aligned = list(state["aligned_segments"])
+
+    def metric(self, p: int) -> torch.Tensor | None:
+        """Block ``p``'s per-coordinate scale ``D_p``; None where the block is one segment (``D = 1``)."""
+        if len(self.segments[p]) == 1:
+            return None
+        return self.scales[p].repeat_interleave(torch.tensor(self.segments[p]))
+
+    def metric_vector(self, size: int) -> torch.Tensor | None:
+        """``D`` over all ``size`` coordinates, or None when every block is one segment."""
+        if not self.scaled:
+            return None
+        out = torch.ones(size, dtype=torch.float64)
+        for p, index in enumerate(self.blocks):
+            metric = self.metric(p)
+            if metric is not None:
+                out[index] = metric
+        return out
+
+    def _basis(self, p: int, bias: torch.Tensor | None) -> torch.Tensor:
+        """A new basis for block ``p``; with several segments its last axis is drawn inside one of them."""
+        size, d, sizes = self.blocks[p].numel(), self.dims[p], self.segments[p]
+        if len(sizes) == 1 or d < 2:
+            return random_basis(size, d, self.generator, bias=bias)
+        segment = int(torch.randint(len(sizes), (1,), generator=self.generator))
+        support = torch.ones(size, d, dtype=torch.float64)
+        support[:, -1] = (torch.arange(len(sizes)).repeat_interleave(torch.tensor(sizes)) == segment).double()
+        self.aligned[p] = segment
+        return random_basis(size, d, self.generator, bias=bias, support=support)
+
+    def follow_curvature(self, p: int, curvatures: torch.Tensor) -> None:
+        """Move the scale of the segment holding block ``p``'s last axis toward the frame's mean curvature.
+
+        ``curvatures`` are the per-axis curvatures of the probed axes (scaled
+        coordinates). With ``c`` the last (aligned) axis's and ``c_mix`` the mean
+        of the mixed random axes (the first axis is left out: it follows the
+        last move, which favours flat directions), the segment's scale gets
+        ``D_t *= clip(sqrt(c_mix / c), 1/2, 2)^(1/2)``, so at rest every tensor
+        has the same curvature per scaled unit. The scales are then normalised to
+        a geometric mean of one over the coordinates (the probe scale keeps its
+        meaning) and kept within ``SCALE_LIMIT`` of it; ``last_move`` follows into
+        the new coordinates.
+        """
+        segment = self.aligned[p]
+        if segment is None or curvatures.numel() < self.dims[p]:
+            return
+        mixed = curvatures[1:-1]
+        mixed = mixed[mixed > 0]
+        if not mixed.numel() or not float(curvatures[-1]) > 0.0:
+            return
+        old = self.metric(p)
+        ratio = math.sqrt(float(mixed.mean()) / float(curvatures[-1]))
+        log_scales = self.scales[p].log()
+        log_scales[segment] += 0.5 * math.log(min(max(ratio, 0.5), 2.0))
+        sizes = torch.tensor(self.segments[p], dtype=torch.float64)
+        log_scales -= (log_scales * sizes).sum() / sizes.sum()
+        self.scales[p] = log_scales.clamp(-math.log(SCALE_LIMIT), math.log(SCALE_LIMIT)).exp()
+        self.last_move[p] = self.last_move[p] * old / self.metric(p)
 
     def frame(self, dim: int) -> torch.Tensor:
         if dim not in self._frames:
@@ -107,16 +198,16 @@ class Probes:
         if rotation == "none":
             return None
         maps = [] if carry else None
-        for p, (index, d) in enumerate(zip(self.blocks, self.dims)):
+        for p in range(len(self.blocks)):
             bias = self.last_move[p] if rotation == "last_step" else None
-            new = random_basis(index.numel(), d, self.generator, bias=bias)
+            new = self._basis(p, bias)
             if carry:
                 maps.append(procrustes(self.bases[p], new))
             self.bases[p] = new
         return maps
 
     def groups(self, radii: torch.Tensor, dtype: torch.dtype, active: list[int]) -> list[CandidateGroup]:
-        """Per probed block and radius, the (V, m) displacements ``r * metric * (frame @ basis.T)``.
+        """Per probed block and radius, the (V, m) displacements ``r * D * (frame @ basis.T)``.
 
         ``radii`` is (P, K); ``active[p]`` is the frame dimension probed this step
         (0 skips the block, less than ``dims[p]`` uses the leading basis axes).
@@ -129,19 +220,19 @@ class Probes:
             d = active[p]
             if d == 0:
                 continue
-            basis = basis[:, :d]
+            basis, metric = basis[:, :d], self.metric(p)
             for k, radius in enumerate(radii[p].tolist()):
                 if self.polytope == "orthoplex":
                     delta = basis.new_empty(2 * d, index.numel(), dtype=dtype)
                     delta[:d] = basis.T
                     delta[:d] *= radius
-                    if self.metric is not None:
-                        delta[:d] *= self.metric[p].to(dtype)
+                    if metric is not None:
+                        delta[:d] *= metric.to(dtype)
                     torch.neg(delta[:d], out=delta[d:])
                 else:
                     delta = self.frame(d).to(dtype) @ (radius * basis.T).to(dtype)
-                    if self.metric is not None:
-                        delta *= self.metric[p].to(dtype)
+                    if metric is not None:
+                        delta *= metric.to(dtype)
                 out.append(CandidateGroup(index, delta, {"block": p, "radius_index": k, "radius": radius}))
         return out
 

@@ -27,11 +27,19 @@ def _same(got, pinned_hex):
     assert [float(v) for v in got] == [float.fromhex(h) for h in pinned_hex]
 
 
+# Re-pinned when tensor_scales became a default (issue 24); the "*-no-tensor-scales" cases are the
+# earlier defaults' pins, which tensor_scales=False still reproduces bit for bit.
 PINNED_TRAIN = {
     "full": (dict(steps=6), [
+        "0x1.968c1eb1149f2p-2", "0x1.1d932c6c60df4p-2", "0x1.216ca4d9e068cp-2", "0x1.0549b4c30f023p-2",
+        "0x1.ee4b4296fe6aap-3", "0x1.ac979ff9863cap-3"], [17.0, 34.0, 51.0, 68.0, 85.0, 102.0]),
+    "minibatch": (dict(steps=6, batch_size=8), [
+        "0x1.35a0f3cefe35ap-2", "0x1.8daa973fec5f8p-2", "0x1.f3e188cfb1171p-3", "0x1.7ae55502e3212p-2",
+        "0x1.c231d777b5e71p-3", "0x1.3c7f72efa292bp-2"], [17.0, 35.0, 53.0, 71.0, 89.0, 107.0]),
+    "full-no-tensor-scales": (dict(steps=6, tensor_scales=False), [
         "0x1.92124759868a0p-2", "0x1.08abd11a2af61p-2", "0x1.158e4fa94bcdcp-2", "0x1.e9900f963996cp-3",
         "0x1.2101c3f8154efp-2", "0x1.06f2a4a5d646fp-2"], [17.0, 34.0, 51.0, 68.0, 85.0, 102.0]),
-    "minibatch": (dict(steps=6, batch_size=8), [
+    "minibatch-no-tensor-scales": (dict(steps=6, batch_size=8, tensor_scales=False), [
         "0x1.3001c32aa1c86p-2", "0x1.a4893e974d128p-2", "0x1.bd4838dd43726p-3", "0x1.204398472bb69p-2",
         "0x1.28db8c9f2193dp-3", "0x1.68a65b0dd8613p-3"], [17.0, 35.0, 53.0, 71.0, 89.0, 107.0]),
     "closure": (dict(max_evaluations=60, use_evaluator=False), [
