@@ -1,16 +1,17 @@
 """Freed tile buffers stay in the process (glibc's malloc thresholds).
 
 An eager pass allocates every tile's intermediates anew: hundreds of KB to a
-few MB each, thousands of times a call. glibc serves blocks that size from
-mmap or returns them to the system when the heap's free top passes its trim
-threshold, so each tile page-faults its buffers in again, zeroed. At 8192^2
-(the README's RBF product, eager, 2 threads) that was ~300,000 faults and
-three quarters of the call: 1.6-2.0 s a call against 0.42-0.48 s with the
-thresholds raised. ``keep_tile_buffers`` raises them once per process, at
-the first pass: blocks up to ``MMAP_THRESHOLD`` come from the heap, and up to
-``TRIM_THRESHOLD`` of free heap top is kept for the next tile. Set
-``LAZYTENSOR_KEEP_MALLOC=0`` to leave the allocator as it is (other libcs
-are left alone).
+few MB each, thousands of times a call. glibc's thresholds adapt to the
+allocation history, and in some processes they settle where each tile's
+buffers go back to the system and are page-faulted in again, zeroed: the
+README's RBF product, eager, 8192^2, 2 threads, took 1.2-2.0 s a call with
+220,000-310,000 page faults in such a process, 0.4-0.6 s in the others (3 of
+9 fresh processes hit it). ``keep_tile_buffers`` fixes the thresholds once
+per process, at the first CPU pass: blocks up to ``MMAP_THRESHOLD`` come from
+the heap, and up to ``TRIM_THRESHOLD`` of free heap top is kept for the next
+tile (no run with them fixed showed the slow case, 0 of 6). Set
+``LAZYTENSOR_KEEP_MALLOC=0`` to leave the allocator as it is (other libcs are
+left alone).
 """
 from __future__ import annotations
 
