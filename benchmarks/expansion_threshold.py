@@ -58,7 +58,7 @@ def main():
     p = arguments(__doc__)
     p.add_argument("--n", type=int, default=16384)
     p.add_argument("--d", type=int, nargs="+", default=[8, 12, 16, 32, 64])
-    p.add_argument("--backward-d", type=int, nargs="+", default=[8, 16])
+    p.add_argument("--backward-d", type=int, nargs="*", default=[8, 16])
     p.add_argument("--route", choices=sorted(ROUTES), help="measure one route in this process (the parent runs both)")
     args = parse(p)
     if args.route is None:
