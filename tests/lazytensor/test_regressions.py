@@ -249,7 +249,7 @@ def test_min_and_max_through_column_groups(backend, sign):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_selections_resolve_exact_ties_with_many_features(dtype):
-    """At D >= 8 sums use the norm expansion, which rounds equal distances apart; selections (min,
+    """At D >= 9 sums use the norm expansion, which rounds equal distances apart; selections (min,
     k-min, quantile) compare direct differences, so ties on a grid go to the lowest index."""
     gen = torch.Generator().manual_seed(8)
     x = torch.randint(-3, 4, (30, 9), generator=gen).to(dtype)
