@@ -9,7 +9,10 @@ Workloads, as a user runs them with default settings:
   gradient on n = m points in 3-D (dense: ``backend="tensorized"``);
 - ``gp-mll``: a GPyTorch exact GP with the KeOps RBF kernel (ScaleKernel, Gaussian likelihood),
   negative marginal log-likelihood and its backward on n points in 3-D (dense: GPyTorch's RBFKernel);
-- ``gp-predict``: the same model's predictive mean and variance on 1000 points.
+- ``gp-predict``: the same model's predictive mean and variance on 1000 points;
+- ``lse-pass`` / ``rbf-pass``: one of sinkhorn's passes alone, written with ``pykeops.torch.LazyTensor``:
+  ``(h_j - 200 |x_i - y_j|^2).logsumexp(1)`` (blur 0.05), and the product ``exp(-2 |x_i - y_j|^2) @ b``
+  (dense: the same on the full matrix).
 
 Each (workload, backend) runs in a fresh process, because GPyTorch and GeomLoss bind pykeops when
 they are imported: ``lazytensor`` through ``lazytensor.keops.install()``, ``pykeops`` the real one
@@ -29,7 +32,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKLOADS = ("sinkhorn", "gp-mll", "gp-predict")
+WORKLOADS = ("sinkhorn", "gp-mll", "gp-predict", "lse-pass", "rbf-pass")
 BACKENDS = ("lazytensor", "pykeops", "dense")
 
 
@@ -53,6 +56,21 @@ def _sinkhorn(n: int, dtype, backend: str):
         return float(value) + 0.0 * float(grad.sum())
 
     return call
+
+
+def _pass(n: int, dtype, backend: str, lse: bool):
+    import torch
+
+    x, y = _points(n, dtype, 0), _points(n, dtype, 1) + 0.2
+    h = torch.randn(n, 1, generator=torch.Generator().manual_seed(2)).to(dtype)
+    if backend == "dense":
+        d = ((x[:, None] - y[None]) ** 2).sum(-1)
+        return lambda: float((h.T - 200 * d).logsumexp(1).sum() if lse else ((-2 * d).exp() @ h).sum())
+    from pykeops.torch import LazyTensor
+
+    x_i, y_j, h_j = LazyTensor(x[:, None, :]), LazyTensor(y[None, :, :]), LazyTensor(h[None, :, :])
+    d_ij = ((x_i - y_j) ** 2).sum(-1)
+    return lambda: float((h_j - 200 * d_ij).logsumexp(1).sum() if lse else ((-2 * d_ij).exp() @ h).sum())
 
 
 def exact_gp(gpytorch, kernel, x, y):
@@ -110,7 +128,12 @@ def run_one(workload: str, backend: str, n: int, dtype_name: str, threads: int, 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     dtype = getattr(torch, dtype_name)
-    call = _sinkhorn(n, dtype, backend) if workload == "sinkhorn" else _gp(n, dtype, backend, workload == "gp-predict")
+    if workload == "sinkhorn":
+        call = _sinkhorn(n, dtype, backend)
+    elif workload.endswith("-pass"):
+        call = _pass(n, dtype, backend, workload == "lse-pass")
+    else:
+        call = _gp(n, dtype, backend, workload == "gp-predict")
     start = time.perf_counter()
     value = call()
     first = time.perf_counter() - start

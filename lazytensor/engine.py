@@ -23,7 +23,7 @@ import time
 import sympy
 import torch
 
-from . import allocator, compile, ir, threads
+from . import allocator, compile, ir, lower, threads
 from .plan import TilePlan, merged_spans, plan_tiles, sparse_plan, tile_schedule
 from .problem import Problem
 
@@ -239,6 +239,7 @@ class _TileLoop:
             tensors.update({s: tensors[s].new_zeros(tensors[s].shape[0], 1, tensors[s].shape[2]) for s in self.j_syms})
         self.tensors = tensors
         self.by_column = [c.reduced_axis == "i" for c in consumers]  # column sums: state spans all (local) columns
+        self.folds = [lower.folds(c) for c in consumers]  # the tile merges their row state (lower.folds)
         self.outputs: list[list[tuple]] = [[] for _ in consumers]
         dtype, device = problem.dtype, problem.device
         self.column_states = {k: c.initial_state(self.batch, self.width, dtype, device)
@@ -266,29 +267,37 @@ class _TileLoop:
         mask = _valid(blocks[0].shape[2], max(0, min(c1, self.m) - c0), self.problem.dtype, self.problem.device)
         return blocks, mask.view(1, 1, -1, 1)
 
+    def _row_states(self, rows: int) -> list:
+        """Each consumer's state before a row block's first tile: its column state, a folding reduction's
+        empty ``row_state``, else None (it starts from its first partial)."""
+        dtype, device = self.problem.dtype, self.problem.device
+        return [self.column_states[k] if self.by_column[k] else cons.row_state(self.batch, rows, dtype, device)
+                if self.folds[k] else None for k, cons in enumerate(self.consumers)]
+
     def example_arguments(self, plan: TilePlan) -> tuple:
         """A compiled kernel's first tile, copied: what a background compile traces and runs once."""
         rows, rowmask = self._rows(plan, True, 0, min(plan.rows, self.n))
         cols, mask = self._columns(plan, True, 0, min(plan.cols, self.width))
-        return rows, cols, [self.tensors[s].clone() for s in self.p_syms], mask, rowmask
+        states = [state if fold else None for fold, state in zip(self.folds, self._row_states(plan.rows))]
+        return rows, cols, [self.tensors[s].clone() for s in self.p_syms], states, mask, rowmask
 
     def run(self, plan: TilePlan, compiled: bool, *, kernel=None, start: int = 0, clusters=None, switch=None) -> int:
         """Row blocks from ``start`` on; returns the first row not done (``n`` unless ``switch`` took over)."""
         kernel = kernel or self.kernel(plan, compiled)
         column_blocks: dict[tuple[int, int], tuple] = {}
         params = [self.tensors[s] for s in self.p_syms]
-        consumers, by_column = self.consumers, self.by_column
+        consumers, by_column, folds = self.consumers, self.by_column, self.folds
         for (r0, r1), column_ranges in tile_schedule(self.n, self.width, plan, clusters, start):
             threads.follow_load()
             rows, rowmask = self._rows(plan, compiled, r0, r1)
-            states = [self.column_states.get(k) for k in range(len(consumers))]
+            states = self._row_states(rows[0].shape[1])
             for c0, c1 in column_ranges:
                 if (c0, c1) not in column_blocks:
                     column_blocks[(c0, c1)] = self._columns(plan, compiled, c0, c1)
                 cols, mask = column_blocks[(c0, c1)]
-                partials = kernel(rows, cols, params, mask, rowmask)
-                at = [slice(c0, c1) if column else self.offset + c0 for column in by_column]
-                states = [cons.combine(st, p, a) for cons, st, p, a in zip(consumers, states, partials, at)]
+                partials = kernel(rows, cols, params, [st if f else None for st, f in zip(states, folds)], mask, rowmask)
+                states = [p if f else cons.combine(st, p, slice(c0, c1) if column else self.offset + c0)
+                          for cons, st, p, f, column in zip(consumers, states, partials, folds, by_column)]
             self._finish_rows(states, rows[0].shape[1], r1 - r0)
             if switch is not None and r1 < self.n and switch(r1) is not None:
                 return r1

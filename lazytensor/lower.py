@@ -4,7 +4,8 @@ The generated function receives row blocks of the i-variables (B, n, D),
 column blocks of the j-variables stored features-first (B, D, m) so that the
 tile's innermost (column) loads are contiguous, the parameters (B, D) (float
 constants of the formula are parameters too, so a new value reuses the
-kernel), and the column and row masks. Every node evaluates to a tensor that
+kernel), the running row states of consumers that fold their merge into
+the tile, and the column and row masks. Every node evaluates to a tensor that
 broadcasts to (B, n, m, D): i-only nodes keep shape (B, n, 1, D), j-only
 nodes (B, 1, m, D), so nothing is computed on the full tile unless it depends
 on both indices. Feature contractions become matrix products where their
@@ -25,7 +26,7 @@ from typing import Sequence
 import sympy
 import torch
 
-from . import ir
+from . import inductor, ir
 
 # Squared distances with at least this many features use the norm expansion
 # |a|^2 + |b|^2 + 2 a.b (one matrix product); below it the direct difference
@@ -37,7 +38,7 @@ from . import ir
 EXPANSION_MIN_FEATURES = 9
 
 _UNARY = {
-    sympy.exp: "torch.exp",
+    sympy.exp: "exp",  # inductor.tile_exp: torch.exp, except in compiled float32 CPU tiles
     sympy.log: "torch.log",
     sympy.sin: "torch.sin",
     sympy.cos: "torch.cos",
@@ -371,13 +372,19 @@ def _pairs_function(name: str, exprs, info, order) -> list[str]:
     return [f"def {name}(columns):", *(f"    {line}" for line in src.lines), f"    return [{', '.join(values)}]"]
 
 
+def folds(consumer) -> bool:
+    """Whether the tile function merges ``consumer``'s partial into its running row state ``S[k]``."""
+    return consumer.folds and consumer.reduced_axis == "j"
+
+
 def tile_function_source(consumers, exprs, info, order, *, expand: bool = True, eager: bool = False) -> str:
-    """Text of ``tile(I, J, P, mask, rowmask)`` returning every consumer's partial.
+    """Text of ``tile(I, J, P, S, mask, rowmask)`` returning every consumer's partial (or state, if it ``folds``).
 
     ``exprs[k]`` are the expressions consumer k needs (its ``expressions``
-    with float constants lifted to parameters). A consumer that ``reads_pairs``
-    also gets a function evaluating them at chosen pairs; one that
-    ``compares_values`` gets its contractions as direct differences.
+    with float constants lifted to parameters); ``S[k]`` is the running row
+    state of a consumer that ``folds`` (None for the others). A consumer that
+    ``reads_pairs`` also gets a function evaluating them at chosen pairs; one
+    that ``compares_values`` gets its contractions as direct differences.
     """
     exact = exact_distances([e for es in exprs for e in es]) | {
         node for k, c in enumerate(consumers) if c.compares_values
@@ -390,16 +397,17 @@ def tile_function_source(consumers, exprs, info, order, *, expand: bool = True, 
         if consumer.reads_pairs:
             src.lines.extend(_pairs_function(f"at{k}", exprs[k], info, order))
             which += f", at{k}"
-        src.lines.append(f"c{k} = C{k}.partial([{', '.join(values)}], {which})")
+        partial = f"C{k}.partial([{', '.join(values)}], {which})"
+        src.lines.append(f"c{k} = C{k}.combine(S[{k}], {partial}, 0)" if folds(consumer) else f"c{k} = {partial}")
         outputs.append(f"c{k}")
     body = "\n".join("    " + line for line in src.lines)
-    return f"def tile(I, J, P, mask, rowmask):\n{body}\n    return ({', '.join(outputs)},)\n"
+    return f"def tile(I, J, P, S, mask, rowmask):\n{body}\n    return ({', '.join(outputs)},)\n"
 
 
 def build_tile_function(consumers, exprs, info, order, label: str, *, expand: bool = True, eager: bool = False):
     """The tile function; ``eager``: lowered for eager execution (no compiler fuses it)."""
     source = tile_function_source(consumers, exprs, info, order, expand=expand, eager=eager)
-    namespace = {"torch": torch, "inf": math.inf, "nan": math.nan, "at_columns": at_columns,
+    namespace = {"torch": torch, "exp": inductor.tile_exp, "inf": math.inf, "nan": math.nan, "at_columns": at_columns,
                  **{f"C{k}": c for k, c in enumerate(consumers)}}
     exec(compile(source, f"<lazytensor:{label}>", "exec"), namespace)
     fn = namespace["tile"]

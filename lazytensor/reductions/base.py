@@ -3,8 +3,11 @@
 A *consumer* names the IR expressions it needs on each tile
 (``expressions``), reduces one tile to a small partial inside the compiled
 tile function (``partial``: traced, so it must depend only on
-``signature``), merges partials across blocks in Python (``combine``) and
-returns the block's results (``finalize``). Reductions over j fold the
+``signature``), merges partials across blocks (``combine``) and returns the
+block's results (``finalize``). A consumer that ``folds`` has its merge
+traced too: the tile function takes its running row state (from
+``row_state`` before the first tile) and returns the merged one, so the
+merge runs inside the compiled kernel, not as small Python ops per tile. Reductions over j fold the
 columns of a (B, n, m, C) tile into per-row state, starting from their first
 tile's partial; a sum over i (``reduced_axis = "i"``) folds rows into state
 that spans every column, from its ``initial_state``. Under a sharding
@@ -93,6 +96,7 @@ class Consumer:
     tile_hint: tuple[int, int] | None = None  # (rows, cols) measured best on CPU, where the pair budget is not
     reads_pairs = False  # True: ``partial`` also gets ``at(columns)``, the expressions at chosen pairs (lower.py)
     compile_options: dict = {}  # Inductor options for kernels that run this consumer (torch.compile(options=))
+    folds = False  # True: ``combine(state, partial, 0)`` runs in the tile function, from ``row_state``
     # True for selections (min, k-min, quantile passes): ties decide the answer, so contractions are
     # direct differences, where equal points give equal values (the norm expansion rounds them apart).
     compares_values = False
@@ -105,6 +109,10 @@ class Consumer:
 
     def finalize(self, state, rows: int, batch: int) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
+
+    def row_state(self, batch: int, rows: int, dtype: torch.dtype, device) -> tuple:
+        """A folding reduction's state of ``rows`` rows before any tile (merging a tile into it gives the tile's partial)."""
+        raise NotImplementedError(f"{type(self).__name__} does not fold: its state starts from its first tile's partial")
 
     def initial_state(self, batch: int, columns: int, dtype: torch.dtype, device) -> tuple:
         """A sum over i's state before any tile: zeros spanning every column (only ``reduced_axis = "i"`` has one)."""

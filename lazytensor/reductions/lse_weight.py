@@ -25,6 +25,9 @@ class LogSumExpWeight(_OnlineSoftmax):
     def __init__(self, expr: sympy.Expr, weights: sympy.Expr, info: dict):
         scalar_with_weights(self, expr, weights, info)
 
+    def _widths(self):
+        return 1, self.dim
+
     def partial(self, values, mask):
         p, top = shifted(values[0], mask)
         return top, weighted_sum(p, values[1], mask)

@@ -14,7 +14,7 @@ import math
 import sympy
 import torch
 
-from .. import ir
+from .. import inductor, ir
 from .base import Reduction, channels_at_selection, masked, select_channels
 from .softmax import finite, merge, scalar_with_weights, weighted_sum
 
@@ -31,7 +31,7 @@ class MaxSumShiftExp(Reduction):
     def partial(self, values, mask):
         f = masked(values[0], mask, -math.inf)
         top, where = f.max(2)  # the first maximum of the tile's row
-        p = torch.exp(f - finite(top).unsqueeze(2))
+        p = inductor.tile_exp(f - finite(top).unsqueeze(2))
         return top, weighted_sum(p, values[1], mask), where
 
     def combine(self, state, partial, at):
