@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import torch
 
@@ -29,3 +30,14 @@ def parse(parser: argparse.ArgumentParser) -> argparse.Namespace:
 def emit(record: dict) -> None:
     """The script's result: one JSON line on stdout."""
     print(json.dumps(record), flush=True)
+
+
+def call_times(fn, repeats: int = 5) -> list[float]:
+    """Seconds of ``repeats`` calls of ``fn`` after one untimed call (compiles, allocator warm-up)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times

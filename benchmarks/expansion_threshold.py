@@ -12,10 +12,9 @@ built). Usage:
 import statistics
 import subprocess
 import sys
-import time
 
 import torch
-from common import arguments, emit, parse
+from common import arguments, call_times, emit, parse
 
 import lazytensor as lt
 from lazytensor import lower
@@ -24,13 +23,7 @@ ROUTES = {"expansion": 1, "direct": 10**9}
 
 
 def median_time(fn, repeats=5):
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(call_times(fn, repeats))
 
 
 def measure(n: int, d: int, backward: bool) -> dict:

@@ -14,22 +14,15 @@ fraction of it the streamed product achieves. Usage:
 
     python benchmarks/roofline.py [--n 16384] [--d 3] [--channels 16] [--threads 2]
 """
-import time
 
 import torch
-from common import arguments, parse
+from common import arguments, call_times, parse
 
 import lazytensor as lt
 
 
 def best_of(fn, repeats=5):
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(call_times(fn, repeats))
 
 
 def main():
