@@ -68,8 +68,8 @@ def test_peak_rss_growth_is_far_below_the_dense_intermediate():
 
 
 def test_cpu_passes_keep_freed_tile_buffers_in_the_process(monkeypatch):
-    """Every CPU pass applies ``lazytensor.allocator``'s setting; it is off unless
-    ``LAZYTENSOR_KEEP_MALLOC=1`` asks for it (glibc only)."""
+    """Every CPU pass applies ``lazytensor.allocator``'s setting: on by default (glibc only), off when
+    ``LAZYTENSOR_KEEP_MALLOC=0`` or the environment sets glibc's thresholds itself."""
     import os
     import platform
     import subprocess
@@ -82,8 +82,12 @@ def test_cpu_passes_keep_freed_tile_buffers_in_the_process(monkeypatch):
     lt.Vi(torch.randn(5, 2)).sqdist(lt.Vj(torch.randn(4, 2))).sum(1, backend="eager")
     assert calls == [1]
     probe = "from lazytensor import allocator; print(allocator.keep_tile_buffers())"
-    for keep, expected in (("1", str(platform.libc_ver()[0] == "glibc")), ("0", "False"), (None, "False")):
-        env = {k: v for k, v in os.environ.items() if k != "LAZYTENSOR_KEEP_MALLOC"}
-        env.update({} if keep is None else {"LAZYTENSOR_KEEP_MALLOC": keep})
+    glibc = str(platform.libc_ver()[0] == "glibc")
+    stated = ({"LAZYTENSOR_KEEP_MALLOC": "1"}, glibc), ({"LAZYTENSOR_KEEP_MALLOC": "0"}, "False"), ({}, glibc), \
+        ({"MALLOC_MMAP_THRESHOLD_": "65536"}, "False"), ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}, "False")
+    for setting, expected in stated:
+        ours = ("LAZYTENSOR_KEEP_MALLOC", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")
+        env = {k: v for k, v in os.environ.items() if k not in ours}
+        env.update(setting)
         out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
         assert out.strip() == expected
