@@ -18,6 +18,7 @@ from ``compile``.
 from __future__ import annotations
 
 import collections
+import functools
 import time
 
 import sympy
@@ -74,9 +75,11 @@ def _block(t: torch.Tensor, start: int, stop: int, extent: int, fixed: bool, fea
     return buffer
 
 
-
+@functools.lru_cache(maxsize=256)
 def _valid(width: int, valid: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """1 for the first ``valid`` of ``width`` positions, 0 for padding, in the problem dtype."""
+    """1 for the first ``valid`` of ``width`` positions, 0 for padding, in the problem dtype.
+
+    Cached (read-only): a pass asks for the same few masks tile after tile, and call after call."""
     return (torch.arange(width, device=device) < valid).to(dtype)
 
 
@@ -94,9 +97,11 @@ def _lifted(problem: Problem, consumers) -> tuple[Problem, list[list[sympy.Expr]
     return problem, per_consumer
 
 
-def _expansion_safe(problem: Problem) -> bool:
-    """The norm expansion needs finite inputs (inf - inf is NaN where the exact answer is not)."""
-    return all(bool(torch.isfinite(t).all()) for s, t in problem.tensors.items() if problem.info[s].axis != "p")
+def _expansion_safe(problem: Problem, exprs) -> bool:
+    """The norm expansion needs finite inputs (inf - inf is NaN where the exact answer is not); checked
+    only where a contraction is wide enough for it (the check costs two ATen calls per input)."""
+    indexed = (t for s, t in problem.tensors.items() if problem.info[s].axis != "p")
+    return lower.may_expand(exprs) and all(bool(torch.isfinite(t).all()) for t in indexed)
 
 
 def _nbytes(state) -> int:
@@ -144,7 +149,7 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
     if problem.device.type == "cpu":
         allocator.keep_tile_buffers()
     problem, exprs = _lifted(problem, consumers)
-    expand = _expansion_safe(problem)
+    expand = _expansion_safe(problem, [e for es in exprs for e in es])
     formula_key = compile.formula_key(problem, consumers, exprs, expand)
     loop = _TileLoop(problem, consumers, exprs, formula_key, expand, offset, sharding)
     with threads.pass_threads(problem.device):

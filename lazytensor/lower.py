@@ -19,6 +19,7 @@ hashed structurally, so equal subtrees lower once.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Sequence
@@ -370,6 +371,17 @@ def _pairs_function(name: str, exprs, info, order) -> list[str]:
     src = TileSource(info, order, pairs=True)
     values = [src.emit(e) for e in exprs]
     return [f"def {name}(columns):", *(f"    {line}" for line in src.lines), f"    return [{', '.join(values)}]"]
+
+
+def may_expand(exprs) -> bool:
+    """Whether ``exprs`` contract a squared difference over at least EXPANSION_MIN_FEATURES features:
+    only then does the lowering consider the norm expansion, and a pass check its inputs are finite."""
+    return any(_widest_contraction(e) >= EXPANSION_MIN_FEATURES for e in exprs)
+
+
+@functools.lru_cache(maxsize=1024)
+def _widest_contraction(expr: sympy.Expr) -> int:
+    return max((int(node.args[1]) for node in expr.atoms(ir.FSum)), default=0)
 
 
 def folds(consumer) -> bool:

@@ -460,3 +460,19 @@ def test_a_formula_plus_its_transpose_and_the_same_formula_on_new_tensors():
     x2 = torch.randn(8, 2, dtype=torch.float64)
     again = ((-lt.Vi(x2).sqdist(lt.Vj(x2))).exp() * lt.Vi(a)).sum(1)  # the same expression, other tensors
     torch.testing.assert_close(again, ((-torch.cdist(x2, x2) ** 2).exp() * a).sum(1, keepdim=True), **F64)
+
+
+# -- tile masks are cached across passes: one made under inference mode must serve autograd later --
+def test_masks_cached_under_inference_mode_serve_a_later_backward():
+    x = torch.randn(37, 3, dtype=torch.float64, requires_grad=True)
+    y, b = torch.randn(29, 3, dtype=torch.float64), torch.randn(29, 2, dtype=torch.float64)
+
+    def product(x):
+        return ((-lt.Vi(x).sqdist(lt.Vj(y))).exp() * lt.Vj(b)).sum(1, backend="eager", chunk_size=(16, 8))
+
+    dense = torch.exp(-torch.cdist(x, y) ** 2) @ b
+    engine._valid.cache_clear()
+    with torch.inference_mode():
+        torch.testing.assert_close(product(x.detach()), dense.detach(), **F64)
+    assert_same(product(x), dense, [x])
+    assert engine._valid.cache_info().hits > 0
