@@ -454,14 +454,23 @@ def condition(expr: sympy.Expr):
 
 
 def feature_dim(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]) -> int:
-    """Feature size of an expression, with torch broadcasting rules."""
+    """Feature size of an expression, with torch broadcasting rules. Cached: formulas repeat."""
+    return _feature_dim(expr, tuple(info.items()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _feature_dim(expr: sympy.Expr, info: tuple) -> int:
+    return _width(expr, dict(info))
+
+
+def _width(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]) -> int:
     if isinstance(expr, sympy.Symbol):
         return info[expr].dim
     if isinstance(expr, VectorOp):
         return expr.width(info)
     if isinstance(expr, FSum) or not expr.free_symbols:
         return 1
-    dims = {feature_dim(a, info) for a in expr.args if isinstance(a, sympy.Basic) and a.free_symbols}
+    dims = {_width(a, info) for a in expr.args if isinstance(a, sympy.Basic) and a.free_symbols}
     dims.discard(1)
     if len(dims) > 1:
         raise ValueError(f"feature sizes {sorted(dims)} do not broadcast in {expr}")

@@ -14,7 +14,6 @@ name of the ``reductions.named`` table run by ``run``.
 """
 from __future__ import annotations
 
-import functools
 import math
 import operator
 
@@ -77,7 +76,7 @@ class LazyTensor:
         if isinstance(made, vectors.Vec):
             made, width = made
         out.expr = made
-        widths = {_feature_dim(made, out.variables)}  # raises on feature sizes that do not broadcast
+        widths = {ir.feature_dim(made, variables.info(out.variables))}  # raises on feature sizes that do not broadcast
         if width is None:
             widths |= {p.width for p in parents}
         widths.discard(1)
@@ -518,13 +517,3 @@ def where(cond: LazyTensor, a, b) -> LazyTensor:
     """Elementwise choice: ``a`` where ``cond`` holds, else ``b``."""
     cond, a, b = as_lazy(cond), as_lazy(a), as_lazy(b)
     return LazyTensor._build(lambda c, x, y: sympy.Piecewise((ir.numeric(x), ir.condition(c)), (ir.numeric(y), True)), cond, a, b)
-
-
-@functools.lru_cache(maxsize=4096)
-def _feature_dim_of(expr: sympy.Expr, info: tuple) -> int:
-    return ir.feature_dim(expr, dict(info))
-
-
-def _feature_dim(expr: sympy.Expr, variables_: dict) -> int:
-    """``ir.feature_dim``, cached: the same formula is built again on every call of a user's loop."""
-    return _feature_dim_of(expr, tuple(variables.info(variables_).items()))
