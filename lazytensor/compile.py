@@ -101,7 +101,8 @@ class CompiledKernel:
             inductor.settle_vector_isa()
         self.first = False
         if self.fn is None:  # the process's first torch.compile imports dynamo and inductor (~2 s): not on the caller's thread
-            self.fn = torch.compile(self.eager, fullgraph=True, dynamic=False, options=self.options or None)
+            options = {**self.options, "guard_filter_fn": _without_global_state}
+            self.fn = torch.compile(self.eager, fullgraph=True, dynamic=False, options=options)
         out = self.fn(*args)
         self._compiled_once()
         return out
@@ -145,6 +146,21 @@ class CompiledKernel:
             self._fall_back(exc)
         finally:
             _BACKGROUND.finished()
+
+
+def _without_global_state(guards) -> list[bool]:
+    """Dynamo's guards for a tile kernel, less the global-state one.
+
+    That guard compares grad mode and the thread count, among others, with the
+    tracing thread's: a kernel compiled in the background thread (grad mode on,
+    one thread while the caller's pass ran) failed it at its first call from the
+    pass (grad mode off, two threads) and recompiled there, on the caller's thread,
+    once per thread count the pass moved to. A tile needs neither: its inputs are
+    detached, and it reads the thread count when it runs (``cpp.dynamic_threads``).
+    What else that guard covers and can change a tile's values (default dtype,
+    autocast) is in the kernel's key instead (``formula_key``).
+    """
+    return [entry.guard_type != "GLOBAL_STATE" for entry in guards]
 
 
 class _Background:
@@ -193,7 +209,8 @@ def wait_for_background_compiles(timeout: float | None = None) -> bool:
 
 def formula_key(problem, consumers, exprs, expand: bool) -> tuple:
     """What a pass's kernels are keyed by besides their tile shapes: consumers, the formula's structure
-    (``exprs`` per consumer, symbols renamed by position), axes, dtype, device type, the norm expansion."""
+    (``exprs`` per consumer, symbols renamed by position), axes, dtype, device type, the norm expansion,
+    and the global state a traced tile could depend on (default dtype, autocast; see ``_without_global_state``)."""
     return (
         tuple(c.signature for c in consumers),
         problem.canonical([e for es in exprs for e in es]),
@@ -201,6 +218,8 @@ def formula_key(problem, consumers, exprs, expand: bool) -> tuple:
         problem.dtype,
         problem.device.type,
         expand,
+        torch.get_default_dtype(),
+        torch.is_autocast_enabled(problem.device.type) and torch.get_autocast_dtype(problem.device.type),
     )
 
 

@@ -133,6 +133,31 @@ def test_compiled_kernels_are_recorded_beside_the_disk_cache(monkeypatch, tmp_pa
         inductor._cached_kernels.cache_clear()
 
 
+def test_a_kernel_compiled_aside_is_not_recompiled_for_the_callers_grad_mode_or_thread_count(monkeypatch):
+    """The background thread traces with grad mode on and whatever thread count the pass left; the pass
+    calls with grad off and its own count. Dynamo's global-state guard made each difference a recompile."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(compile, "AUTO_COMPILE_MIN_PAIRS", 1)
+    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", 0.0)
+    x, y = torch.randn(50, 3), torch.randn(40, 3)
+    ref = torch.exp(-0.41 * torch.cdist(x, y) ** 2 + (x**2).sum(1, keepdim=True)).sum(1, keepdim=True)
+    graphs, count = counters["stats"]["unique_graphs"], torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            (-0.41 * lt.Vi(x).sqdist(lt.Vj(y)) + lt.Vi(x).sqnorm2()).exp().sum(1)  # eager; compiles aside
+        assert compile.wait_for_background_compiles(300)
+        for threads_ in (1, 2, 1):
+            torch.set_num_threads(threads_)
+            routes = dict(engine.routes)
+            torch.testing.assert_close((-0.41 * lt.Vi(x).sqdist(lt.Vj(y)) + lt.Vi(x).sqnorm2()).exp().sum(1), ref)
+            assert engine.routes["compiled"] == routes.get("compiled", 0) + 1
+    finally:
+        torch.set_num_threads(count)
+    assert counters["stats"]["unique_graphs"] == graphs + 1
+
+
 def test_column_sums_survive_a_switch(monkeypatch):
     """Sums over i keep one state across every column: it must span both tiers of a switched pass."""
     monkeypatch.setattr(torch, "compile", _fake_compile([]))
