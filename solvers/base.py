@@ -30,16 +30,20 @@ except ImportError:  # scikit-learn is optional
     _sklearn = None
     DataConversionWarning = UserWarning
 
-__all__ = ["Estimator", "NotFittedError", "ConvergenceWarning", "SOURCES", "AUTO_DIRECT_MAX_N"]
+__all__ = ["Estimator", "NotFittedError", "ConvergenceWarning", "SOURCES", "AUTO_DIRECT_MAX_N", "AUTO_STORED_MAX_BYTES"]
 
 SOURCES = ("auto", "streamed", "stored", "direct", "sharded")
 TILE_DTYPES = (None, torch.float32, torch.float64)
 
-# source="auto" picks the direct factorization up to this many training points:
-# measured with `python -m harness ml --case ridge` (docs/solvers.md), the direct
-# solve stays faster than the preconditioned streamed fit below it, and its
-# n x n matrix (<= 128 MiB in float64) is still affordable.
+# source="auto": the direct factorization up to an estimator's ``_auto_direct_max_n`` training
+# points (ridge and landmark fits: AUTO_DIRECT_MAX_N; there the direct solve was as fast as the
+# iterative fit on the stored matrix and faster than the streamed one, `python -m harness ml`,
+# docs/solvers.md), then the same iterative fit on the stored matrix while it takes at most
+# AUTO_STORED_MAX_BYTES, streamed above. At n = 2048 a stored matrix's products are ATen
+# matrix products (~1 ms) where a streamed pass evaluates every kernel entry again (~15 ms).
 AUTO_DIRECT_MAX_N = 4096
+AUTO_SPECTRAL_DIRECT_MAX_N = 512  # PCA, LDA, SVD: a dense eigh / SVD costs ~10 n^3, Lanczos on the stored matrix far less
+AUTO_STORED_MAX_BYTES = 128 << 20
 AUTO_RANK_MAX = 2048  # the default preconditioner rank's cap (a float32 factor: 8 KiB per training point)
 
 
@@ -298,10 +302,16 @@ class Estimator(_Base):
         """Default tolerance: tight in float64, what single precision can reach in float32."""
         return self.rtol if self.rtol is not None else (1e-8 if dtype == torch.float64 else 1e-4)
 
-    def _resolve_source(self, n: int) -> str:
-        if self.source == "auto":
-            return "direct" if n <= AUTO_DIRECT_MAX_N else "streamed"
-        return self.source
+    _auto_direct_max_n = AUTO_DIRECT_MAX_N
+
+    def _resolve_source(self, n: int, m: int | None = None, itemsize: int = 8) -> str:
+        """``source``, or for ``"auto"`` the fastest measured route for an ``n x m`` kernel (``m``
+        default ``n``) of ``itemsize``-byte entries: direct, stored within AUTO_STORED_MAX_BYTES, streamed."""
+        if self.source != "auto":
+            return self.source
+        if n <= self._auto_direct_max_n:
+            return "direct"
+        return "stored" if n * (n if m is None else m) * itemsize <= AUTO_STORED_MAX_BYTES else "streamed"
 
     def _tile_dtype(self, dtype: torch.dtype, refined: bool) -> torch.dtype:
         """The dtype iterations evaluate tiles in: ``tile_dtype``, or by default float32 for float64
