@@ -35,14 +35,15 @@ __all__ = ["Estimator", "NotFittedError", "ConvergenceWarning", "SOURCES", "AUTO
 SOURCES = ("auto", "streamed", "stored", "direct", "sharded")
 TILE_DTYPES = (None, torch.float32, torch.float64)
 
-# source="auto": the direct factorization up to an estimator's ``_auto_direct_max_n`` training
-# points (ridge and landmark fits: AUTO_DIRECT_MAX_N; there the direct solve was as fast as the
-# iterative fit on the stored matrix and faster than the streamed one, `python -m harness ml`,
-# docs/solvers.md), then the same iterative fit on the stored matrix while it takes at most
-# AUTO_STORED_MAX_BYTES, streamed above. At n = 2048 a stored matrix's products are ATen
-# matrix products (~1 ms) where a streamed pass evaluates every kernel entry again (~15 ms).
-AUTO_DIRECT_MAX_N = 4096
-AUTO_SPECTRAL_DIRECT_MAX_N = 512  # PCA, LDA, SVD: a dense eigh / SVD costs ~10 n^3, Lanczos on the stored matrix far less
+# source="auto" takes the route measured fastest for the size (`python -m harness ml --variants
+# stored,direct`, docs/solvers.md): the direct factorization up to an estimator's
+# ``_auto_direct_max_n`` training points, then the iterative fit on the stored matrix while it takes
+# at most AUTO_STORED_MAX_BYTES, streamed above. Ridge: direct 2x faster at n = 1024, equal at 2048,
+# the stored fit 1.27x faster at 4096. A dense eigh / SVD costs more: the stored Lanczos was as fast
+# at n = 256 and 2-4.7x faster from 512 on (PCA, SVD); LDA's direct solve (K H K, one Cholesky) won to 512.
+# A stored matrix's products are ATen matrix products, where each streamed pass evaluates the kernel again.
+AUTO_DIRECT_MAX_N = 2048
+AUTO_SPECTRAL_DIRECT_MAX_N = 256
 AUTO_STORED_MAX_BYTES = 128 << 20
 AUTO_RANK_MAX = 2048  # the default preconditioner rank's cap (a float32 factor: 8 KiB per training point)
 

@@ -150,7 +150,8 @@ class KernelRidge(_Ridge):
     or a formula string. ``alpha``: a positive number or one per target.
     ``source``: ``"streamed"`` (each product a lazytensor sum, nothing n x n
     stored), ``"stored"`` (kernel matrix kept, same CG), ``"direct"``
-    (Cholesky) or ``"auto"`` (direct up to ``AUTO_DIRECT_MAX_N`` points, streamed above). The
+    (Cholesky) or ``"auto"`` (direct up to ``AUTO_DIRECT_MAX_N`` points, then stored while the matrix takes at
+    most ``AUTO_STORED_MAX_BYTES``, streamed above). The
     iterative fit is block CG with a rank-``rank`` Nystrom preconditioner from
     randomly pivoted Cholesky (or Jacobi). Fit and predictions are
     differentiable with respect to ``X``, ``y``, query points, ``alpha`` (when

@@ -168,6 +168,7 @@ class KernelLDA(ClassifierMixin, TransformerMixin, _Spectral):
         self.tile_dtype, self.random_state = tile_dtype, random_state
 
     _parameters = {"preconditioner": one_of(None, "nystrom")}
+    _auto_direct_max_n = 2 * AUTO_SPECTRAL_DIRECT_MAX_N  # the direct solve forms K H K and one Cholesky, no eigh
 
     def fit(self, X, y):
         self._check_common()

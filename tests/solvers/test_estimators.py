@@ -181,7 +181,7 @@ def test_auto_source_is_direct_then_stored_then_streamed(monkeypatch):
         "svd": (KernelSVD, lambda e: e.fit(X, Z).singular_values_, 60 * 25, dict(n_components=2)),
     }
     for cls, answer, entries, params in fits.values():
-        assert cls._auto_direct_max_n >= 512  # a few hundred points are factored directly
+        assert cls._auto_direct_max_n >= 256  # a few hundred points are factored directly
         expected = answer(cls(RBF(0.4), source="direct", **params))
         monkeypatch.setattr(cls, "_auto_direct_max_n", 59)
         for budget in (60 * 60 * 8, 60 * 60 * 8 - 1, 60 * 20 * 8 - 1):
