@@ -30,7 +30,8 @@ except ImportError:  # scikit-learn is optional
     _sklearn = None
     DataConversionWarning = UserWarning
 
-__all__ = ["Estimator", "NotFittedError", "ConvergenceWarning", "SOURCES", "AUTO_DIRECT_MAX_N", "AUTO_STORED_MAX_BYTES"]
+__all__ = ["Estimator", "NotFittedError", "ConvergenceWarning", "SOURCES", "AUTO_DIRECT_MAX_N", "AUTO_SPECTRAL_DIRECT_MAX_N",
+           "AUTO_STORED_MAX_BYTES"]
 
 SOURCES = ("auto", "streamed", "stored", "direct", "sharded")
 TILE_DTYPES = (None, torch.float32, torch.float64)
