@@ -4,7 +4,8 @@ Variants share inputs, start vectors and stopping rules:
 ``stored`` keeps the kernel matrix and runs the same iterative method with
 direct ATen products; ``streamed`` computes every product as a lazytensor
 reduction and stores nothing n x n; ``direct`` (``--dense-direct``) is a
-different algorithm (Cholesky, augmented QR, eigh, SVD); ``sklearn`` is
+different algorithm (Cholesky, augmented QR, eigh, SVD); ``auto`` is the
+estimators' default, the route ``source="auto"`` picks (shown next to it); ``sklearn`` is
 scikit-learn's dense estimator where one exists (``KernelRidge``,
 ``Nystroem`` + ``Ridge`` on the same landmarks, ``KernelPCA``), on NumPy
 copies of the inputs, with BLAS limited to ``--threads``. The timed scope is
@@ -29,7 +30,7 @@ from . import cli, method
 
 CASES = ("ridge", "landmark", "pca", "lda", "svd")
 REFERENCE_MAX_BYTES = 4 << 30  # largest dense kernel the float64 reference may build
-VARIANTS = ("stored", "streamed", "direct", "sklearn")
+VARIANTS = ("stored", "streamed", "direct", "auto", "sklearn")
 SKLEARN_CASES = ("ridge", "landmark", "pca")  # scikit-learn has no kernel LDA or kernel SVD estimator
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -63,7 +64,7 @@ def register(subparsers) -> None:
     p.add_argument("--backward", action="store_true", help="ridge/landmark: also differentiate the predictions")
     p.add_argument("--dense-direct", action="store_true", help="also time the direct dense algorithm")
     p.add_argument("--variants", type=cli.comma_list(VARIANTS), default=["stored", "streamed"],
-                   help="comma-separated variants to time (stored, streamed, direct, sklearn)")
+                   help="comma-separated variants to time (stored, streamed, direct, auto, sklearn)")
     p.add_argument("--check-tol", type=cli.positive_float, default=None,
                    help="relative error allowed against the direct reference (default 1e3 * rtol, at least 1e-6)")
     p.add_argument("--repeats", type=cli.positive_int, default=5, help="timed rounds")
@@ -154,7 +155,7 @@ def make_workload(cfg: dict[str, Any], source: str, data: dict[str, torch.Tensor
                 est = solvers.LandmarkRidge(kernel, cfg["regularization"], n_landmarks=cfg["m"], rtol=cfg["rtol"],
                                             atol=cfg["atol"], **common)
             predictions = est.fit(X, Y).predict(Xq)
-            out = {"predictions": predictions.detach(), "info": est.info_}
+            out = {"predictions": predictions.detach(), "info": est.info_, "source": est.source_}
             if cfg["backward"]:
                 with warnings.catch_warnings(record=True) as caught:  # the adjoint solve reports by warning
                     warnings.simplefilter("always", solvers.ConvergenceWarning)
@@ -170,20 +171,21 @@ def make_workload(cfg: dict[str, Any], source: str, data: dict[str, torch.Tensor
             est = solvers.KernelPCA(kernel, cfg["components"], search_width=cfg["search_width"], rtol=cfg["rtol"],
                                     **common).fit(data["X"])
             return {"eigenvalues": est.eigenvalues_, "vectors": est.eigenvectors_,
-                    "transform": est.transform(data["Xq"]), "info": est.info_}
+                    "transform": est.transform(data["Xq"]), "info": est.info_, "source": est.source_}
     elif case == "lda":
         def run():
             est = solvers.KernelLDA(kernel, cfg["components"], regularization=cfg["regularization"],
                                     preconditioner=cfg["preconditioner"] and "nystrom", rank=rank,
                                     rtol=cfg["rtol"], atol=cfg["atol"], **common)
             est.fit(data["X"], data["labels"])
-            return {"eigenvalues": est.eigenvalues_, "transform": est.transform(data["Xq"]), "info": est.info_}
+            return {"eigenvalues": est.eigenvalues_, "transform": est.transform(data["Xq"]), "info": est.info_,
+                    "source": est.source_}
     else:
         def run():
             est = solvers.KernelSVD(kernel, cfg["components"], search_width=cfg["search_width"], rtol=cfg["rtol"],
                                     **common).fit(data["X"], data["Y"])
             return {"singular_values": est.singular_values_, "left": est.left_vectors_,
-                    "right": est.right_vectors_, "info": est.info_}
+                    "right": est.right_vectors_, "info": est.info_, "source": est.source_}
     return run
 
 
@@ -316,7 +318,8 @@ def _validated(cfg: dict[str, Any], data: dict, ref: dict | None, tol: float, re
         errors = validate(cfg["case"], out, ref) if ref is not None else {}
         res = results[name] = method.VariantResult(name, validation=errors, extra={
             "info": _info_summary(out["info"]), "adjoint_failure": out.get("adjoint_failure"),
-            "algorithm": {"direct": "direct", "sklearn": "scikit-learn"}.get(name, "iterative")})
+            "algorithm": {"direct": "direct", "sklearn": "scikit-learn"}.get(out.get("source", name), "iterative"),
+            "source": out.get("source")})
         bad = {k: v for k, v in errors.items() if not v <= tol}
         if out["info"] is not None and not out["info"].converged:
             res.error = f"solver did not converge ({out['info'].reason})"
@@ -341,7 +344,8 @@ def _table(cfg: dict[str, Any], record: dict):
     for name, res in record["variants"].items():
         info = res.extra["info"] or {"iterations": "-", "matvecs": "-"}
         mib = "-" if res.peak_extra_bytes is None else f"{res.peak_extra_bytes / 2**20:.2f}"
-        table.add_row(name, f"{res.summary['median']:.4f}", f"{res.summary['iqr']:.4f}",
+        label = f"auto ({res.extra.get('source')})" if name == "auto" else name
+        table.add_row(label, f"{res.summary['median']:.4f}", f"{res.summary['iqr']:.4f}",
                       f"{res.extra['cpu_s']['median']:.4f}", mib, str(info["iterations"]), str(info["matvecs"]),
                       f"{max(res.validation.values(), default=0):.2e}")
     return table

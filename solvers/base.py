@@ -30,16 +30,22 @@ except ImportError:  # scikit-learn is optional
     _sklearn = None
     DataConversionWarning = UserWarning
 
-__all__ = ["Estimator", "NotFittedError", "ConvergenceWarning", "SOURCES", "AUTO_DIRECT_MAX_N"]
+__all__ = ["Estimator", "NotFittedError", "ConvergenceWarning", "SOURCES", "AUTO_DIRECT_MAX_N", "AUTO_SPECTRAL_DIRECT_MAX_N",
+           "AUTO_STORED_MAX_BYTES"]
 
 SOURCES = ("auto", "streamed", "stored", "direct", "sharded")
 TILE_DTYPES = (None, torch.float32, torch.float64)
 
-# source="auto" picks the direct factorization up to this many training points:
-# measured with `python -m harness ml --case ridge` (docs/solvers.md), the direct
-# solve stays faster than the preconditioned streamed fit below it, and its
-# n x n matrix (<= 128 MiB in float64) is still affordable.
-AUTO_DIRECT_MAX_N = 4096
+# source="auto" takes the route measured fastest for the size (`python -m harness ml --variants
+# stored,direct`, docs/solvers.md): the direct factorization up to an estimator's
+# ``_auto_direct_max_n`` training points, then the iterative fit on the stored matrix while it takes
+# at most AUTO_STORED_MAX_BYTES, streamed above. Ridge: direct 2x faster at n = 1024, equal at 2048,
+# the stored fit 1.27x faster at 4096. A dense eigh / SVD costs more: the stored Lanczos was as fast
+# at n = 256 and 2-4.7x faster from 512 on (PCA, SVD); LDA's direct solve (K H K, one Cholesky) won to 512.
+# A stored matrix's products are ATen matrix products, where each streamed pass evaluates the kernel again.
+AUTO_DIRECT_MAX_N = 2048
+AUTO_SPECTRAL_DIRECT_MAX_N = 256
+AUTO_STORED_MAX_BYTES = 128 << 20
 AUTO_RANK_MAX = 2048  # the default preconditioner rank's cap (a float32 factor: 8 KiB per training point)
 
 
@@ -298,10 +304,16 @@ class Estimator(_Base):
         """Default tolerance: tight in float64, what single precision can reach in float32."""
         return self.rtol if self.rtol is not None else (1e-8 if dtype == torch.float64 else 1e-4)
 
-    def _resolve_source(self, n: int) -> str:
-        if self.source == "auto":
-            return "direct" if n <= AUTO_DIRECT_MAX_N else "streamed"
-        return self.source
+    _auto_direct_max_n = AUTO_DIRECT_MAX_N
+
+    def _resolve_source(self, n: int, m: int | None = None, itemsize: int = 8) -> str:
+        """``source``, or for ``"auto"`` the fastest measured route for an ``n x m`` kernel (``m``
+        default ``n``) of ``itemsize``-byte entries: direct, stored within AUTO_STORED_MAX_BYTES, streamed."""
+        if self.source != "auto":
+            return self.source
+        if n <= self._auto_direct_max_n:
+            return "direct"
+        return "stored" if n * (n if m is None else m) * itemsize <= AUTO_STORED_MAX_BYTES else "streamed"
 
     def _tile_dtype(self, dtype: torch.dtype, refined: bool) -> torch.dtype:
         """The dtype iterations evaluate tiles in: ``tile_dtype``, or by default float32 for float64

@@ -150,7 +150,8 @@ class KernelRidge(_Ridge):
     or a formula string. ``alpha``: a positive number or one per target.
     ``source``: ``"streamed"`` (each product a lazytensor sum, nothing n x n
     stored), ``"stored"`` (kernel matrix kept, same CG), ``"direct"``
-    (Cholesky) or ``"auto"`` (direct up to ``AUTO_DIRECT_MAX_N`` points). The
+    (Cholesky) or ``"auto"`` (direct up to ``AUTO_DIRECT_MAX_N`` points, then stored while the matrix takes at
+    most ``AUTO_STORED_MAX_BYTES``, streamed above). The
     iterative fit is block CG with a rank-``rank`` Nystrom preconditioner from
     randomly pivoted Cholesky (or Jacobi). Fit and predictions are
     differentiable with respect to ``X``, ``y``, query points, ``alpha`` (when
@@ -170,7 +171,7 @@ class KernelRidge(_Ridge):
         self._check_common()
         X, Y = self._fit_data(X, y, self.alpha)
         alpha = _alpha(self.alpha, Y.shape[1], X.dtype)
-        self.source_ = self._resolve_source(X.shape[0])
+        self.source_ = self._resolve_source(X.shape[0], itemsize=X.element_size())
         if self.source_ == "direct":
             n = X.shape[0]
             K = self.make_sources("stored", X)[0].matrix
@@ -267,9 +268,9 @@ class LandmarkRidge(_Ridge):
         self._check_common()
         X, Y = self._fit_data(X, y, self.alpha, self.landmarks)
         alpha = _alpha(self.alpha, Y.shape[1], X.dtype)
-        self.source_ = self._resolve_source(X.shape[0])
         L = self._choose_landmarks(X)
         m = L.shape[0]
+        self.source_ = self._resolve_source(X.shape[0], m, X.element_size())
         K_nm, fast_nm = self.make_sources(self.source_, X.detach(), L.detach(), fast="refined")
         if self.source_ == "sharded":  # K_mm's rows split over the ranks too; vectors by row are whole
             Y = self._sharding.gather_rows(Y)[0]

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from .base import (
+    AUTO_SPECTRAL_DIRECT_MAX_N,
     ClassifierMixin,
     Estimator,
     TransformerMixin,
@@ -43,9 +44,12 @@ class _Spectral(Estimator):
     products), and ``source="direct"`` is the stored matrix, factored densely.
     """
 
-    def _kernel_sources(self, X, Y=None, *, n: int | None = None):
-        """``(exact, fast)`` sources of ``K(X, Y)``; ``n``: the size ``source="auto"`` decides on (default: X's rows)."""
-        self.source_ = self._resolve_source(X.shape[0] if n is None else n)
+    _auto_direct_max_n = AUTO_SPECTRAL_DIRECT_MAX_N
+
+    def _kernel_sources(self, X, Y=None, *, m: int | None = None):
+        """``(exact, fast)`` sources of ``K(X, Y)``; ``m``: its columns (default: square), for ``source="auto"``."""
+        sizes = sorted((X.shape[0], X.shape[0] if m is None else m))
+        self.source_ = self._resolve_source(sizes[1], sizes[0], X.element_size())
         return self.make_sources("stored" if self.source_ == "direct" else self.source_, X, Y, fast="asked")
 
     def _done(self, info, what: str, **learned):
@@ -164,6 +168,7 @@ class KernelLDA(ClassifierMixin, TransformerMixin, _Spectral):
         self.tile_dtype, self.random_state = tile_dtype, random_state
 
     _parameters = {"preconditioner": one_of(None, "nystrom")}
+    _auto_direct_max_n = 2 * AUTO_SPECTRAL_DIRECT_MAX_N  # the direct solve forms K H K and one Cholesky, no eigh
 
     def fit(self, X, y):
         self._check_common()
@@ -262,7 +267,7 @@ class KernelSVD(_Spectral):
         X = self._fit_rows(X)[0].detach()
         if Y is not None:  # a second point set, replicated on every rank of a sharded fit
             Y = self._agreed(lambda: check_points(Y, "Y", estimator=self, n_features=X.shape[1], dtype=X.dtype)[0].detach())
-        K = self._kernel_sources(X, Y, n=max(X.shape[0], X.shape[0] if Y is None else Y.shape[0]))[1]
+        K = self._kernel_sources(X, Y, m=None if Y is None else Y.shape[0])[1]
         k = check_count(self.n_components, "n_components", min(K.shape), "at most min(n_X, n_Y)")
         if self.source_ == "direct":
             U, s, Vt = torch.linalg.svd(K.matrix, full_matrices=False)

@@ -18,7 +18,7 @@ def _run(tmp_path, *argv):
 @pytest.mark.parametrize("case,extra", [
     ("ridge", ["--backward", "--dense-direct"]),
     ("landmark", ["--m", "24", "--backward"]),
-    ("pca", ["--dense-direct", "--variants", "stored,streamed,sklearn"]),
+    ("pca", ["--dense-direct", "--variants", "stored,streamed,auto,sklearn"]),
     ("ridge", ["--variants", "streamed,sklearn"]),
     ("landmark", ["--m", "24", "--variants", "streamed,sklearn"]),
     ("lda", ["--classes", "3"]),
@@ -33,6 +33,7 @@ def test_cases_validate_and_record(tmp_path, case, extra):
         assert res["samples_s"] and res["summary"]["median"] > 0 and res["extra"]["cpu_s"]["median"] > 0
         assert max(res["validation"].values()) <= record["tolerance"]
         assert name == "sklearn" or res["extra"]["info"]["converged"]
+        assert res["extra"]["source"] == {"auto": "direct", "sklearn": None}.get(name, name)  # the route that ran
     assert record["config"]["n"] == 96 and "environment" in record and "checksums" in record
 
 

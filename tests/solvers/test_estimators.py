@@ -167,6 +167,34 @@ def test_svd_matches_svdvals(source):
     torch.testing.assert_close(K @ est.right_vectors_, est.left_vectors_ * est.singular_values_, atol=1e-8, rtol=0)
 
 
+def test_auto_source_is_direct_then_stored_then_streamed(monkeypatch):
+    """source="auto" factors small problems, keeps the matrix while it takes at most AUTO_STORED_MAX_BYTES and
+    streams above; every route gives the direct answer (thresholds lowered here to keep the problems small)."""
+    import solvers.base
+
+    X, Y, Xq = _regression(n=60)
+    Z = torch.randn(25, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    fits = {  # estimator, fit, its answer, its kernel's entries
+        "ridge": (KernelRidge, lambda e: e.fit(X, Y).predict(Xq), 60 * 60, dict(alpha=0.3)),
+        "landmark": (LandmarkRidge, lambda e: e.fit(X, Y).predict(Xq), 60 * 20, dict(alpha=0.3, n_landmarks=20)),
+        "pca": (KernelPCA, lambda e: e.fit(X).eigenvalues_, 60 * 60, dict(n_components=2)),
+        "svd": (KernelSVD, lambda e: e.fit(X, Z).singular_values_, 60 * 25, dict(n_components=2)),
+    }
+    for cls, answer, entries, params in fits.values():
+        assert cls._auto_direct_max_n >= 256  # a few hundred points are factored directly
+        expected = answer(cls(RBF(0.4), source="direct", **params))
+        monkeypatch.setattr(cls, "_auto_direct_max_n", 59)
+        for budget in (60 * 60 * 8, 60 * 60 * 8 - 1, 60 * 20 * 8 - 1):
+            monkeypatch.setattr(solvers.base, "AUTO_STORED_MAX_BYTES", budget)
+            est = cls(RBF(0.4), rtol=1e-11, **params)
+            torch.testing.assert_close(answer(est), expected, rtol=1e-8, atol=1e-9)
+            assert est.source_ == ("stored" if entries * 8 <= budget else "streamed")
+        monkeypatch.setattr(cls, "_auto_direct_max_n", 60)
+        est = cls(RBF(0.4), **params)
+        answer(est)
+        assert est.source_ == "direct"
+
+
 def test_params_follow_scikit_learn_conventions():
     est = KernelRidge(RBF(1.0), 0.5, rtol=1e-5)
     params = est.get_params()
