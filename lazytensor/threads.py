@@ -11,7 +11,8 @@ process's own, plus this process's background compiles (they take a core
 too), and runs with the cores left, at least one. It looks again at each row
 block (at most every ``RECHECK_SECONDS``), and torch's setting is restored
 when the pass ends. Compiled kernels read the thread count when they run
-(``inductor.COMPILE_OPTIONS``), so this never recompiles.
+(``inductor.COMPILE_OPTIONS``) and are compiled without dynamo's guard on it
+(``compile._without_global_state``), so this never recompiles.
 """
 from __future__ import annotations
 
