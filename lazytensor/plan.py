@@ -134,10 +134,11 @@ def _pieces(start: int, stop: int, extent: int) -> list[tuple[int, int]]:
 # gathered across its ranges; within one range where a reduction places indices by offset), and a
 # tile holds ``per_tile`` entries along the kernel's batch dimension, each with its own masks.
 # GeomLoss's multiscale sinkhorn keeps ~5e5 blocks of 4-15 x 4-15 points: one tile per block cost a
-# kernel call each (17-21 s per reduction at n = 20000); packed, a reduction is a few hundred tiles. Costs in pairs of the tile: the Python loop
-# and kernel call per tile (~0.2 ms), and the gathers of each entry's rows and columns with their masks
-# and states (fitted on the multiscale log-sum-exp at n = 20000: 16 x 1024 entries ran 1.03 s, 2 x 512
-# ones 2.7 s, ~12 pairs' time per gathered row or column).
+# kernel call each (17-21 s per reduction at n = 20000); packed, a reduction is a few hundred tiles.
+# Costs in pairs of the tile: the Python loop and kernel call per tile (~0.2 ms), and the gathers of
+# each entry's rows and columns with their masks and states (fitted on the multiscale log-sum-exp at
+# n = 20000, unlocked: 16 x 1024 entries ran 1.03 s, 2 x 512 ones 2.7 s: ~12 pairs' time per gathered
+# row or column).
 TILE_OVERHEAD_PAIRS = 1 << 17
 GATHER_PAIRS = 12
 MIN_SPARSE_COLS = 8
