@@ -145,6 +145,8 @@ def run_one(workload: str, backend: str, n: int, dtype_name: str, threads: int, 
         start = time.perf_counter()
         value = call()
         samples.append(time.perf_counter() - start)
+    if backend == "lazytensor":  # a compile thread still running at exit aborts the process
+        lazytensor.compile.wait_for_background_compiles()
     return {"workload": workload, "backend": backend, "n": n, "dtype": dtype_name, "threads": threads,
             "first_s": round(first, 3), "steady_s": round(statistics.median(samples), 3),
             "samples_s": [round(s, 3) for s in samples], "value": value}
