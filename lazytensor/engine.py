@@ -327,13 +327,7 @@ class _TileLoop:
         plan, entries = schedule.plan, schedule.per_tile
         dtype, device = self.problem.dtype, self.problem.device
         n, m = self.n, self.m
-
-        def whole(s):  # one zero row past the end: what padding reads
-            t = self.tensors[s][0]
-            return torch.cat([t, t.new_zeros(1, t.shape[1])])
-
-        i_tensors = [whole(s) for s in self.i_syms]
-        j_tensors = [whole(s).T.contiguous() for s in self.j_syms]  # features first: a tile's columns are gathered rows
+        i_tensors, j_tensors = self._whole(self.i_syms), [t.T.contiguous() for t in self._whole(self.j_syms)]
         params = [self.tensors[s] for s in self.p_syms]
         kernel = self.kernel(plan, compiled, entries=entries)
         row_steps = torch.arange(plan.rows, device=device)
@@ -369,6 +363,10 @@ class _TileLoop:
         for k, cons in enumerate(consumers):
             if not by_column[k]:
                 self.outputs[k].append(tuple(o[:, :n] for o in cons.finalize(states[k], n + 1, 1)))
+
+    def _whole(self, symbols) -> list:
+        """Variables (n, D) with one zero row past the end: what padded rows and columns of a block read."""
+        return [torch.cat([t[0], t.new_zeros(1, t.shape[2])]) for t in (self.tensors[s] for s in symbols)]
 
     def _finish_rows(self, states, padded: int, valid: int) -> None:
         if self.sharding is None:
