@@ -178,6 +178,7 @@ class BlockSparsity:
         self.starts, self.ends, self.owner, self.run_start, self.run_end, self.n, self.m = (
             starts, ends, owner, run_start, run_end, n, m)
         self._schedules: dict = {}
+        self._pieces: dict = {}
 
     def schedule(self, area: int, fixed: TilePlan | None, packed: bool) -> SparseSchedule:
         """The pass's tiles (cached: the forward and backward passes and later calls share them).
@@ -257,7 +258,9 @@ class BlockSparsity:
 
     def _tiles(self, plan: TilePlan, per_tile: int, gathered: bool) -> SparseSchedule:
         rows = plan.rows
-        pieces_of, pieces, table, firsts = self._column_pieces(plan.cols, gathered)
+        if (plan.cols, gathered) not in self._pieces:  # passes with other tiles (forward, backward) share them
+            self._pieces[plan.cols, gathered] = self._column_pieces(plan.cols, gathered)
+        pieces_of, pieces, table, firsts = self._pieces[plan.cols, gathered]
         slot = torch.cumsum(pieces_of, 0) - pieces_of  # cluster k's pieces at pieces[slot[k]:slot[k] + pieces_of[k]]
         clusters = len(self.starts)
         sizes = self.ends - self.starts
