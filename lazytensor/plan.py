@@ -243,11 +243,11 @@ class BlockSparsity:
             start = self.run_start[run] + within * cols
             count = torch.minimum(self.run_end[run] - start, torch.tensor(cols))
             owner = self.owner[run]
-        steps = torch.arange(cols)
-        at = start[:, None] + steps
-        if gathered:
-            at = flat[at.clamp_max(max(len(flat) - 1, 0))] if len(flat) else at
-        table = torch.where(steps < count[:, None], at, self.m).to(torch.int32)
+        steps = torch.arange(cols, dtype=torch.int32)  # int32 throughout: the table is the schedule's bulk
+        at = start.to(torch.int32)[:, None] + steps
+        if gathered and len(flat):
+            at = torch.index_select(flat.to(torch.int32), 0, at.clamp_max_(len(flat) - 1).view(-1)).view(at.shape)
+        table = torch.where(steps < count.to(torch.int32)[:, None], at, self.m)
         firsts = torch.where(count > 0, start if not gathered else table[:, 0].long(), 0)
         per = torch.zeros(clusters, dtype=torch.int64).index_add_(0, owner, torch.ones_like(owner))
         empty = per == 0  # a cluster without ranges: one empty piece (the last row)
