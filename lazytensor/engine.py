@@ -25,7 +25,7 @@ import sympy
 import torch
 
 from . import allocator, compile, ir, lower, threads
-from .plan import TilePlan, merged_spans, plan_tiles, sparse_plan, tile_schedule
+from .plan import TilePlan, plan_tiles, tile_schedule
 from .problem import Problem
 
 # Under a sharding, row blocks' reduction states are merged across ranks in batches of about
@@ -166,9 +166,12 @@ def _run(loop: "_TileLoop", problem: Problem, consumers, backend, chunk_size, ra
         loop.run(plan_tiles(problem, consumers, chunk_size, compiled, m=max(sizes)), compiled)
         routes["compiled" if compiled else "eager"] += 1
     elif ranges is not None:
-        compiled, clusters = use_compiled(backend, problem, formula_key), merged_spans(ranges)
+        compiled = use_compiled(backend, problem, formula_key)
         plan = plan_tiles(problem, consumers, chunk_size, compiled)
-        loop.run(plan if chunk_size is not None else sparse_plan(plan, clusters, compiled), compiled, clusters=clusters)
+        started = time.perf_counter()
+        loop.run_sparse(ranges, plan, compiled, fixed=chunk_size is not None)
+        if not compiled and problem.size("i") * problem.size("j") >= compile.AUTO_COMPILE_MIN_PAIRS:
+            compile.record_eager(formula_key, time.perf_counter() - started)  # the auto tier compiles it once worth it
         routes["compiled" if compiled else "eager"] += 1
     elif backend != "auto" or not use_compiled("compiled", problem):
         compiled = use_compiled(backend, problem, formula_key)
@@ -257,9 +260,11 @@ class _TileLoop:
         self.pending: list[tuple] = []  # sharded: row blocks' states waiting to be merged across ranks together
         self.pending_bytes = 0
 
-    def kernel(self, plan: TilePlan, compiled: bool, create: bool = True):
-        """The tile kernel for ``plan`` (``create=False``: only a cached one, else None)."""
-        shapes = ((plan.rows, plan.cols), tuple(self.tensors[s].shape[0] for s in self.problem.order)) if compiled else None
+    def kernel(self, plan: TilePlan, compiled: bool, create: bool = True, entries: int | None = None):
+        """The tile kernel for ``plan`` (``create=False``: only a cached one, else None); ``entries``: a
+        block-sparse tile's batch of blocks (gathered, so its column blocks have their own strides)."""
+        shapes = ((plan.rows, plan.cols), tuple(self.tensors[s].shape[0] for s in self.problem.order))
+        shapes = None if not compiled else shapes if entries is None else (*shapes, "blocks", entries)
         if not create:
             return compile.cached_kernel(self.formula_key, shapes, compiled)
         return compile.tile_kernel(self.consumers, self.exprs, self.problem.info, self.problem.order,
@@ -271,8 +276,8 @@ class _TileLoop:
         return rows, rowmask
 
     def _columns(self, plan: TilePlan, compiled: bool, c0: int, c1: int):
-        """The j-blocks (features first) and column mask of [c0, c1); (0, 0) is one fully padded tile."""
-        stop = c1 if c1 > c0 else min(plan.cols, self.width)
+        """The j-blocks (features first) and column mask of [c0, c1)."""
+        stop = c1
         blocks = [_block(self.tensors[s], c0, stop, plan.cols, compiled, features_first=True) for s in self.j_syms]
         mask = _valid(blocks[0].shape[2], max(0, min(c1, self.m) - c0), self.problem.dtype, self.problem.device)
         return blocks, mask.view(1, 1, -1, 1)
@@ -291,13 +296,13 @@ class _TileLoop:
         states = [state if fold else None for fold, state in zip(self.folds, self._row_states(plan.rows))]
         return rows, cols, [self.tensors[s].clone() for s in self.p_syms], states, mask, rowmask
 
-    def run(self, plan: TilePlan, compiled: bool, *, kernel=None, start: int = 0, clusters=None, switch=None) -> int:
+    def run(self, plan: TilePlan, compiled: bool, *, kernel=None, start: int = 0, switch=None) -> int:
         """Row blocks from ``start`` on; returns the first row not done (``n`` unless ``switch`` took over)."""
         kernel = kernel or self.kernel(plan, compiled)
         column_blocks: dict[tuple[int, int], tuple] = {}
         params = [self.tensors[s] for s in self.p_syms]
         consumers, by_column, folds = self.consumers, self.by_column, self.folds
-        for (r0, r1), column_ranges in tile_schedule(self.n, self.width, plan, clusters, start):
+        for (r0, r1), column_ranges in tile_schedule(self.n, self.width, plan, start):
             threads.follow_load()
             rows, rowmask = self._rows(plan, compiled, r0, r1)
             states = self._row_states(rows[0].shape[1])
@@ -312,6 +317,66 @@ class _TileLoop:
             if switch is not None and r1 < self.n and switch(r1) is not None:
                 return r1
         return self.n
+
+    def run_sparse(self, sparsity, plan: TilePlan, compiled: bool, fixed: bool) -> None:
+        """A block-sparse pass (``plan.BlockSparsity``): packed tiles of (row piece, column piece) entries.
+
+        Each tile is a batch of ``per_tile`` blocks, each with its own rows and
+        columns, gathered from the variables (zero rows past the end for
+        padding; the problem has no batch: ranges refuse one). Row states live
+        in one (1, n + 1) buffer (row n takes the padding), gathered before
+        each tile and written back after it; column sums are added at their
+        columns (padding at column m). Reductions that place indices
+        (``combine`` with a column offset) get one block per tile.
+        """
+        consumers, by_column, folds = self.consumers, self.by_column, self.folds
+        if any(column and c.signature[0] != "sum" for c, column in zip(consumers, by_column)):
+            raise ValueError("ranges: only sums reduce over the other axis in a block-sparse pass")
+        packed = all(f or c.signature[0] == "sum" for c, f in zip(consumers, folds))
+        schedule = sparsity.schedule(plan.rows * plan.cols, plan if fixed else None, packed)
+        plan, entries = schedule.plan, schedule.per_tile
+        dtype, device = self.problem.dtype, self.problem.device
+        n, m = self.n, self.m
+        i_tensors, j_tensors = self._whole(self.i_syms), [t.T.contiguous() for t in self._whole(self.j_syms)]
+        params = [self.tensors[s] for s in self.p_syms]
+        kernel = self.kernel(plan, compiled, entries=entries)
+        row_steps = torch.arange(plan.rows, device=device)
+        self.column_states = {k: c.initial_state(1, m + 1, dtype, device) for k, c in enumerate(consumers) if by_column[k]}
+        states = [c.row_state(1, n + 1, dtype, device) if folds[k] else None for k, c in enumerate(consumers)]
+        row_start, row_count, pieces, table = (t.to(device) for t in (schedule.row_start, schedule.row_count, schedule.piece,
+                                                                       schedule.columns))
+        for t, first in enumerate(schedule.first):
+            threads.follow_load()
+            row_valid = row_steps < row_count[t][:, None]
+            at_rows = torch.where(row_valid, row_start[t][:, None] + row_steps, n).flatten()
+            at_cols = torch.index_select(table, 0, pieces[t])
+            mask, rowmask = (at_cols < m).to(dtype)[:, None, :, None], row_valid.to(dtype)[:, :, None, None]
+            at_cols = at_cols.flatten()
+            rows = [torch.index_select(x, 0, at_rows).view(entries, plan.rows, -1) for x in i_tensors]
+            cols = [torch.index_select(y, 1, at_cols).view(-1, entries, plan.cols).permute(1, 0, 2) for y in j_tensors]
+            before = [None if column or (first and not fold) else
+                      tuple(torch.index_select(s[0], 0, at_rows).view(entries, plan.rows, *s.shape[2:]) for s in states[k])
+                      for k, (fold, column) in enumerate(zip(folds, by_column))]
+            partials = kernel(rows, cols, params, [b if f else None for b, f in zip(before, folds)], mask, rowmask)
+            for k, cons in enumerate(consumers):
+                if by_column[k]:
+                    for total, part in zip(self.column_states[k], partials[k]):
+                        part = part.expand(entries, plan.cols, *part.shape[2:]).to(total.dtype)
+                        total[0].index_add_(0, at_cols, part.flatten(0, 1))
+                    continue
+                at = 0 if packed else int(schedule.firsts[int(pieces[t][0])])
+                new = partials[k] if folds[k] else cons.combine(before[k], partials[k], at)
+                if states[k] is None:
+                    states[k] = tuple(p.new_empty(1, n + 1, *p.shape[2:]) for p in new)
+                for total, part in zip(states[k], new):
+                    total[0].index_copy_(0, at_rows, part.expand(entries, plan.rows, *part.shape[2:]).flatten(0, 1))
+        for k, cons in enumerate(consumers):
+            if not by_column[k]:
+                self.outputs[k].append(tuple(o[:, :n] for o in cons.finalize(states[k], n + 1, 1)))
+
+    def _whole(self, symbols) -> list:
+        """Variables (n, D) with one zero row past the end: what padded rows and columns of a block read."""
+        return [torch.cat([t[0], t.new_zeros(1, t.shape[2])]) for t in (self.tensors[s] for s in symbols)]
 
     def _finish_rows(self, states, padded: int, valid: int) -> None:
         if self.sharding is None:

@@ -9,6 +9,8 @@ into a schedule of row blocks, each with the column blocks it reduces over.
 from __future__ import annotations
 
 import math
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -116,100 +118,258 @@ def _eager_pairs(problem: Problem, consumers, budget: int) -> int:
     width = max([v.dim for v in problem.info.values()] + [c.dim for c in consumers] + [1])
     return budget // (problem.dtype.itemsize * (width + 2))
 
-# -- block-sparse reductions (KeOps's ``ranges``) ---------------------------------------------
-def check_ranges(ranges, problem: Problem, axis: str):
-    """KeOps's ``ranges`` 6-tuple -> this reduction's (row clusters, slices, column ranges), as lists.
-
-    ``(ranges_i, slices_i, redranges_j)`` serve reductions over j,
-    ``(ranges_j, slices_j, redranges_i)`` reductions over i (``problem`` is
-    already oriented so that its rows are the kept axis): row cluster k
-    ([start, end) rows) reduces over the column ranges
-    ``redranges[slices[k-1]:slices[k]]`` only; rows in no cluster reduce over nothing.
-    """
-    if ranges is None:
-        return None
-    if not isinstance(ranges, (tuple, list)) or len(ranges) != 6:
-        raise ValueError("ranges must be KeOps's 6-tuple (ranges_i, slices_i, redranges_j, ranges_j, slices_j, redranges_i)")
-    clusters, slices, spans = (torch.as_tensor(r).tolist() for r in (ranges[:3] if axis == "j" else ranges[3:]))
-    rows, cols = problem.size("i"), problem.size("j")
-    for name, pairs, size in (("ranges (row clusters)", clusters, rows), ("ranges (reduction ranges)", spans, cols)):
-        if any(len(p) != 2 or not 0 <= p[0] <= p[1] <= size for p in pairs):
-            raise ValueError(f"{name} must be [start, end) pairs inside [0, {size}], got {pairs}")
-    if len(slices) != len(clusters) or any(b < a for a, b in zip([0] + slices, slices)) or (slices and slices[-1] > len(spans)):
-        raise ValueError(f"ranges: slices must be {len(clusters)} non-decreasing ends into the {len(spans)} reduction ranges, "
-                         f"got {slices}")
-    return clusters, slices, spans
-
-
-def merged_spans(ranges) -> list[tuple[int, int, list]]:
-    """Each row cluster with its column ranges sorted and merged where they touch, clusters by start."""
-    clusters, slices, spans = ranges
-    out = []
-    for k, (a, b) in enumerate(clusters):
-        merged: list[list[int]] = []
-        for c0, c1 in sorted(spans[(slices[k - 1] if k else 0): slices[k]]):
-            if c1 <= c0:
-                continue
-            if merged and c0 <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], c1)
-            else:
-                merged.append([c0, c1])
-        out.append((a, b, merged))
-    out.sort()
-    if any(a1 < b0 for (_, b0, _), (a1, _, _) in zip(out, out[1:])):
-        raise ValueError("ranges: row clusters overlap")
-    return out
+def tile_schedule(n: int, m: int, plan: TilePlan, start: int = 0) -> list[tuple[tuple[int, int], list]]:
+    """Row blocks covering [start, n) in order, each with every column block (at most one tile each)."""
+    columns = _pieces(0, m, plan.cols)
+    return [(r, columns) for r in _pieces(start, n, plan.rows)]
 
 
 def _pieces(start: int, stop: int, extent: int) -> list[tuple[int, int]]:
     return [(a, min(a + extent, stop)) for a in range(start, stop, extent)]
 
 
-def tile_schedule(n: int, m: int, plan: TilePlan, clusters, start: int = 0) -> list[tuple[tuple[int, int], list]]:
-    """Row blocks covering [start, n) in order, each with the column blocks it reduces over (at most one tile each).
-
-    Dense: every column block. Block-sparse (``clusters`` from ``merged_spans``):
-    a cluster's rows visit its own column ranges only; rows in no cluster get
-    one fully padded tile, (0, 0), so every reduction returns its empty value.
-    """
-    if clusters is None:
-        columns = _pieces(0, m, plan.cols)
-        return [(r, columns) for r in _pieces(start, n, plan.rows)]
-    schedule, at = [], 0
-    for a, b, merged in clusters:
-        schedule += [(r, [(0, 0)]) for r in _pieces(at, a, plan.rows)]
-        columns = [p for c0, c1 in merged for p in _pieces(c0, c1, plan.cols)] or [(0, 0)]
-        schedule += [(r, columns) for r in _pieces(a, b, plan.rows)]
-        at = b
-    return schedule + [(r, [(0, 0)]) for r in _pieces(at, n, plan.rows)]
-
-
-# Per-tile cost of the Python loop and the kernel call, in pairs of the tile (~0.2 ms measured).
+# -- block-sparse reductions (KeOps's ``ranges``) ---------------------------------------------
+# A block-sparse pass packs its kept blocks into tiles: an *entry* is one row piece (at most
+# ``rows`` rows of one cluster) by one column piece (at most ``cols`` of the cluster's kept columns,
+# gathered across its ranges; within one range where a reduction places indices by offset), and a
+# tile holds ``per_tile`` entries along the kernel's batch dimension, each with its own masks.
+# GeomLoss's multiscale sinkhorn keeps ~5e5 blocks of 4-15 x 4-15 points: one tile per block cost a
+# kernel call each (17-21 s per reduction at n = 20000); packed, a reduction is a few hundred tiles.
+# Costs in pairs of the tile: the Python loop and kernel call per tile (~0.2 ms), and the gathers of
+# each entry's rows and columns with their masks and states (fitted on the multiscale log-sum-exp at
+# n = 20000, unlocked: 16 x 1024 entries ran 1.03 s, 2 x 512 ones 2.7 s: ~12 pairs' time per gathered
+# row or column).
 TILE_OVERHEAD_PAIRS = 1 << 17
+GATHER_PAIRS = 12
+MIN_SPARSE_COLS = 8
+# Checked ranges, while their tensors live (GeomLoss reuses each for dozens of passes; a schedule
+# takes ~4 bytes per kept column of each cluster and column padding: 45 MB at n = 20000).
+_CHECKED: OrderedDict = OrderedDict()
+_CHECKED_SIZE = 16
 
 
-def sparse_plan(plan: TilePlan, clusters, compiled: bool) -> TilePlan:
-    """The tile shape for a block-sparse pass: least padded pairs plus per-tile overhead over the kept blocks.
+@dataclass(frozen=True)
+class SparseSchedule:
+    """The tiles of a block-sparse pass, ``per_tile`` entries each: (tiles, per_tile) row starts, row counts
+    and column pieces (rows of ``columns``, (pieces + 1, cols) int32 column indices, ``m`` for padding;
+    ``firsts``: each piece's first column). Empty slots have no rows and the all-padding last piece.
 
-    Candidates are powers of two within the dense plan's area (compiled tiles
-    are padded to them); the eager lowering pads nothing, so it just takes the
-    largest tile the blocks fill.
+    A row piece meets each of its column pieces in successive *rounds* (round t: its t-th piece) and a
+    tile never spans two rounds, so no row appears twice in one tile and the pass can gather and
+    scatter row states per tile. ``first[t]``: tile t is in round 0 (its rows' states start there).
     """
-    sizes = [b - a for a, b, _ in clusters]
-    spans = [c1 - c0 for _, _, merged in clusters for c0, c1 in merged]
-    if not compiled or not spans:
-        return TilePlan(min(plan.rows, max(sizes + [1])), min(plan.cols, max(spans + [1])))
-    rows, lengths = torch.tensor(sizes, dtype=torch.float64), torch.tensor(spans, dtype=torch.float64)
-    owner = torch.tensor([k for k, (_, _, merged) in enumerate(clusters) for _ in merged], dtype=torch.int64)
-    best = None
-    for r in (1 << e for e in range(int(math.log2(MIN_TILE)), int(math.log2(plan.rows)) + 1)):
-        row_pieces = torch.ceil(rows / r)
-        for c in (1 << e for e in range(int(math.log2(MIN_TILE)), int(math.log2(plan.cols)) + 1)):
-            if r * c > plan.rows * plan.cols:
-                break
-            column_pieces = torch.zeros(len(clusters), dtype=torch.float64).index_add_(0, owner, torch.ceil(lengths / c))
-            cost = float((row_pieces * column_pieces).sum()) * (r * c + TILE_OVERHEAD_PAIRS)
-            if best is None or cost < best[0]:
-                best = (cost, r, c)
-    return TilePlan(best[1], best[2])
 
+    plan: TilePlan
+    per_tile: int
+    row_start: torch.Tensor
+    row_count: torch.Tensor
+    piece: torch.Tensor
+    columns: torch.Tensor
+    firsts: torch.Tensor
+    first: list
+
+
+class BlockSparsity:
+    """A checked ``ranges`` for one reduction axis: row clusters (sorted, with the rows in none as clusters
+    without ranges) and each cluster's column ranges merged where they touch, as int64 tensors."""
+
+    def __init__(self, starts: torch.Tensor, ends: torch.Tensor, owner: torch.Tensor, run_start: torch.Tensor,
+                 run_end: torch.Tensor, n: int, m: int):
+        self.starts, self.ends, self.owner, self.run_start, self.run_end, self.n, self.m = (
+            starts, ends, owner, run_start, run_end, n, m)
+        self._schedules: dict = {}
+        self._pieces: dict = {}
+
+    def schedule(self, area: int, fixed: TilePlan | None, packed: bool) -> SparseSchedule:
+        """The pass's tiles (cached: the forward and backward passes and later calls share them).
+
+        ``fixed``: one entry per tile of that shape (a given ``chunk_size``);
+        else the entry shape with the least padded pairs plus overheads, and
+        ``area // (rows * cols)`` entries per tile when ``packed``.
+        """
+        key = (area, fixed, packed)
+        if key not in self._schedules:
+            plan = fixed or self._entry_shape(area, packed)
+            per_tile = max(1, area // (plan.rows * plan.cols)) if packed and fixed is None else 1
+            self._schedules[key] = self._tiles(plan, per_tile, gathered=packed and fixed is None)
+        return self._schedules[key]
+
+    def _entry_shape(self, area: int, packed: bool) -> TilePlan:
+        sizes = (self.ends - self.starts).to(torch.float64)
+        lengths = (self.run_end - self.run_start).to(torch.float64)
+        if packed:  # an entry's columns are gathered from all its cluster's ranges
+            lengths = torch.zeros(len(sizes), dtype=torch.float64).index_add_(0, self.owner, lengths)
+        biggest = min(bucket(int(sizes.max())), area)
+        longest = max(bucket(int(lengths.max())) if len(lengths) else 1, MIN_SPARSE_COLS)
+        best = None
+        for r in (1 << e for e in range(int(math.log2(biggest)) + 1)):
+            row_pieces = torch.ceil(sizes / r)
+            for c in (1 << e for e in range(int(math.log2(MIN_SPARSE_COLS)), int(math.log2(longest)) + 1)):
+                if r * c > area:
+                    break
+                pieces = torch.ceil(lengths / c)
+                if not packed:
+                    pieces = torch.zeros(len(sizes), dtype=torch.float64).index_add_(0, self.owner, pieces)
+                entries = float((row_pieces * pieces.clamp_min(1)).sum())
+                tiles = entries / (max(1, area // (r * c)) if packed else 1)
+                cost = entries * (r * c + GATHER_PAIRS * (r + c)) + tiles * TILE_OVERHEAD_PAIRS
+                if best is None or cost < best[0]:
+                    best = (cost, r, c)
+        return TilePlan(best[1], best[2])
+
+    def _column_pieces(self, cols: int, gathered: bool):
+        """Each cluster's column pieces: (pieces per cluster, at least 1; the (pieces + 1, cols) int32 table of
+        each piece's columns, ``m`` where padded, the last row all padding; each piece's first column).
+
+        ``gathered``: a piece is ``cols`` consecutive columns of the concatenation of the cluster's ranges;
+        else a piece lies in one range (its columns are ``first + 0, 1, ...``: what index offsets need).
+        """
+        lengths = self.run_end - self.run_start
+        clusters = len(self.starts)
+        if gathered:
+            length = torch.zeros(clusters, dtype=torch.int64).index_add_(0, self.owner, lengths)
+            base = torch.cumsum(length, 0) - length
+            per = (length + cols - 1) // cols
+            owner = torch.repeat_interleave(torch.arange(clusters), per)
+            within = torch.arange(len(owner)) - (torch.cumsum(per, 0) - per)[owner]
+            start = base[owner] + within * cols
+            count = torch.minimum(base[owner] + length[owner] - start, torch.tensor(cols))
+            first = torch.cumsum(lengths, 0) - lengths
+            flat = torch.repeat_interleave(self.run_start - first, lengths) + torch.arange(int(lengths.sum()))
+        else:
+            per_run = (lengths + cols - 1) // cols
+            run = torch.repeat_interleave(torch.arange(len(per_run)), per_run)
+            within = torch.arange(len(run)) - (torch.cumsum(per_run, 0) - per_run)[run]
+            start = self.run_start[run] + within * cols
+            count = torch.minimum(self.run_end[run] - start, torch.tensor(cols))
+            owner = self.owner[run]
+        steps = torch.arange(cols, dtype=torch.int32)  # int32 throughout: the table is the schedule's bulk
+        at = start.to(torch.int32)[:, None] + steps
+        if gathered and len(flat):
+            at = torch.index_select(flat.to(torch.int32), 0, at.clamp_max_(len(flat) - 1).view(-1)).view(at.shape)
+        table = torch.where(steps < count.to(torch.int32)[:, None], at, self.m)
+        firsts = torch.where(count > 0, start if not gathered else table[:, 0].long(), 0)
+        per = torch.zeros(clusters, dtype=torch.int64).index_add_(0, owner, torch.ones_like(owner))
+        empty = per == 0  # a cluster without ranges: one empty piece (the last row)
+        pieces = torch.full((int(torch.where(empty, 1, per).sum()),), len(table), dtype=torch.int64)
+        pieces[torch.repeat_interleave(~empty, torch.where(empty, 1, per))] = torch.arange(len(table))
+        table = torch.cat([table, torch.full((1, cols), self.m, dtype=torch.int32)])
+        return torch.where(empty, 1, per), pieces, table, torch.cat([firsts, torch.zeros(1, dtype=torch.int64)])
+
+    def _tiles(self, plan: TilePlan, per_tile: int, gathered: bool) -> SparseSchedule:
+        rows = plan.rows
+        if (plan.cols, gathered) not in self._pieces:  # passes with other tiles (forward, backward) share them
+            self._pieces[plan.cols, gathered] = self._column_pieces(plan.cols, gathered)
+        pieces_of, pieces, table, firsts = self._pieces[plan.cols, gathered]
+        slot = torch.cumsum(pieces_of, 0) - pieces_of  # cluster k's pieces at pieces[slot[k]:slot[k] + pieces_of[k]]
+        clusters = len(self.starts)
+        sizes = self.ends - self.starts
+        per_cluster = (sizes + rows - 1) // rows
+        cluster_of_row = torch.repeat_interleave(torch.arange(clusters), per_cluster)
+        within = torch.arange(len(cluster_of_row)) - (torch.cumsum(per_cluster, 0) - per_cluster)[cluster_of_row]
+        row_start = self.starts[cluster_of_row] + within * rows
+        row_count = torch.minimum(self.ends[cluster_of_row] - row_start, torch.tensor(rows))
+        # entries: each row piece with each column piece of its cluster, round-major
+        meets = pieces_of[cluster_of_row]
+        entry_row = torch.repeat_interleave(torch.arange(len(meets)), meets)
+        entry_round = torch.arange(len(entry_row)) - (torch.cumsum(meets, 0) - meets)[entry_row]
+        order = torch.argsort(entry_round * len(meets) + entry_row)
+        entry_row, entry_round = entry_row[order], entry_round[order]
+        entry_piece = pieces[slot[cluster_of_row[entry_row]] + entry_round]
+        per_round = torch.bincount(entry_round)
+        tiles_per_round = (per_round + per_tile - 1) // per_tile
+        rank = torch.arange(len(entry_row)) - (torch.cumsum(per_round, 0) - per_round)[entry_round]
+        tile = (torch.cumsum(tiles_per_round, 0) - tiles_per_round)[entry_round] + rank // per_tile
+        position = tile * per_tile + rank % per_tile
+        tiles = int(tiles_per_round.sum())
+        out = [torch.full((tiles * per_tile,), fill, dtype=torch.int64) for fill in (self.n, 0, len(table) - 1)]
+        for target, values in zip(out, (row_start[entry_row], row_count[entry_row], entry_piece)):
+            target[position] = values
+        first = (torch.arange(tiles) < int(tiles_per_round[0])).tolist()
+        return SparseSchedule(plan, per_tile, *(t.view(tiles, per_tile) for t in out), table, firsts, first)
+
+
+def check_ranges(ranges, problem: Problem, axis: str) -> BlockSparsity | None:
+    """KeOps's ``ranges`` 6-tuple -> this reduction's ``BlockSparsity``.
+
+    ``(ranges_i, slices_i, redranges_j)`` serve reductions over j,
+    ``(ranges_j, slices_j, redranges_i)`` reductions over i (``problem`` is
+    already oriented so that its rows are the kept axis): row cluster k
+    ([start, end) rows) reduces over the column ranges
+    ``redranges[slices[k-1]:slices[k]]`` only; rows in no cluster reduce over
+    nothing. Checked once per ranges object and pass geometry (the last few are kept).
+    """
+    if ranges is None:
+        return None
+    if not isinstance(ranges, (tuple, list)) or len(ranges) != 6:
+        raise ValueError("ranges must be KeOps's 6-tuple (ranges_i, slices_i, redranges_j, ranges_j, slices_j, redranges_i)")
+    parts = ranges[:3] if axis == "j" else ranges[3:]
+    rows, cols = problem.size("i"), problem.size("j")
+    key = None
+    if all(isinstance(r, torch.Tensor) for r in parts):
+        key = (tuple((id(r), r._version) for r in parts), rows, cols)
+        hit = _CHECKED.get(key)
+        if hit is not None:
+            _CHECKED.move_to_end(key)
+            return hit
+    checked = _checked(parts, rows, cols)
+    if key is not None:
+        _CHECKED[key] = checked
+        for r in parts:  # dropped with the caller's tensors, before their ids can be reused
+            weakref.finalize(r, _CHECKED.pop, key, None)
+        while len(_CHECKED) > _CHECKED_SIZE:
+            _CHECKED.popitem(last=False)
+    return checked
+
+
+def _checked(parts, rows: int, cols: int) -> BlockSparsity:
+    clusters, slices, spans = (torch.as_tensor(r).detach().to("cpu", torch.int64) for r in parts)
+    for name, pairs, size in (("ranges (row clusters)", clusters, rows), ("ranges (reduction ranges)", spans, cols)):
+        if pairs.numel() == 0:
+            pairs = pairs.reshape(0, 2)
+        bad = None if pairs.dim() == 2 and pairs.shape[1] == 2 else pairs
+        if bad is None:
+            wrong = (pairs[:, 0] < 0) | (pairs[:, 0] > pairs[:, 1]) | (pairs[:, 1] > size)
+            bad = pairs[wrong][:1] if bool(wrong.any()) else None
+        if bad is not None:
+            raise ValueError(f"{name} must be [start, end) pairs inside [0, {size}], got {bad.tolist()}")
+    clusters, spans, slices = clusters.reshape(-1, 2), spans.reshape(-1, 2), slices.reshape(-1)
+    ends = torch.cat([torch.zeros(1, dtype=torch.int64), slices])
+    if len(slices) != len(clusters) or bool((ends[1:] < ends[:-1]).any()) or (len(slices) and int(slices[-1]) > len(spans)):
+        shown = slices.tolist() if len(slices) <= 20 else f"{slices[:20].tolist()}..."
+        raise ValueError(f"ranges: slices must be {len(clusters)} non-decreasing ends into the {len(spans)} reduction ranges, "
+                         f"got {shown}")
+    owner = torch.repeat_interleave(torch.arange(len(clusters)), ends[1:] - ends[:-1])
+    spans = spans[: len(owner)]
+    # clusters sorted by start, empty ones dropped; rows in none become clusters without ranges
+    keep = clusters[:, 1] > clusters[:, 0]
+    index = torch.nonzero(keep).flatten()
+    index = index[torch.argsort(clusters[index, 0], stable=True)]
+    starts, stops = clusters[index, 0], clusters[index, 1]
+    if bool((starts[1:] < stops[:-1]).any()):
+        raise ValueError("ranges: row clusters overlap")
+    rank = torch.full((len(clusters),), -1, dtype=torch.int64)
+    rank[index] = torch.arange(len(index))
+    gap_starts = torch.cat([torch.zeros(1, dtype=torch.int64), stops])
+    gap_ends = torch.cat([starts, torch.tensor([rows])])
+    gaps = gap_ends > gap_starts
+    all_starts, all_ends = torch.cat([starts, gap_starts[gaps]]), torch.cat([stops, gap_ends[gaps]])
+    by_start = torch.argsort(all_starts)
+    position = torch.empty_like(by_start)
+    position[by_start] = torch.arange(len(by_start))
+    # each kept cluster's ranges sorted by start, merged where they touch
+    span_owner = rank[owner]
+    real = (span_owner >= 0) & (spans[:, 1] > spans[:, 0])
+    span_owner, spans = position[span_owner[real]], spans[real]
+    stride = cols + 1
+    key = span_owner * stride + spans[:, 0]
+    order = torch.argsort(key)
+    span_owner, key, end_key = span_owner[order], key[order], (span_owner * stride + spans[:, 1])[order]
+    reach = torch.cummax(end_key, 0).values
+    new_run = torch.ones(len(key), dtype=torch.bool)
+    new_run[1:] = key[1:] > reach[:-1]
+    last = torch.ones(len(key), dtype=torch.bool)
+    last[:-1] = new_run[1:]
+    run_owner = span_owner[new_run]
+    return BlockSparsity(all_starts[by_start], all_ends[by_start], run_owner, key[new_run] - run_owner * stride,
+                         reach[last] - run_owner * stride, rows, cols)
