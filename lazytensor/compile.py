@@ -15,10 +15,7 @@ pairs) exceeds COMPILE_AFTER_SECONDS, then compiles, in a background thread
 (``CompiledKernel.compile_in_background``) while the caller's eager tiles
 go on; a formula already compiled in this process compiles its new tile
 shapes at once. A one-off call never waits seconds for a compile it cannot
-amortise; a loop pays one. A kernel this machine compiled before (its
-fingerprint is recorded beside Inductor's disk cache) only loads: a call
-whose eager tiles left would take longer than WARM_LOAD_SECONDS waits for
-that load instead of compiling beside them. The engine decides when to look
+amortise; a loop pays one. The engine decides when to look
 (``worth_compiling``); this module keeps the time each formula has cost.
 """
 from __future__ import annotations
@@ -45,10 +42,6 @@ AUTO_COMPILE_MIN_PAIRS = 1 << 16
 # from this size on, where one compile pays for itself within the call.
 SHARDED_COMPILE_MIN_PAIRS = 1 << 22
 COMPILE_AFTER_SECONDS = 1.0
-# A kernel this machine compiled before loads from Inductor's disk cache in about this long in a
-# fresh process (benchmarks/compile_times.py). A call whose eager tiles would take longer than that
-# waits for the load and runs compiled, instead of compiling beside tiles it slows down.
-WARM_LOAD_SECONDS = 2.0
 _CACHE: OrderedDict[tuple, Callable] = OrderedDict()
 _LOCK = threading.RLock()
 stats = {"built": 0, "fallbacks": 0}  # kernels generated (cache misses) and compile failures
@@ -70,9 +63,8 @@ class CompiledKernel:
     its next look.
     """
 
-    def __init__(self, eager: Callable, label: str, options: dict, formula: tuple, fingerprint: str):
+    def __init__(self, eager: Callable, label: str, options: dict, formula: tuple):
         self.eager, self.label, self.source, self.formula, self.options = eager, label, eager.source, formula, options
-        self.fingerprint = fingerprint  # its name in every process: inductor.in_disk_cache
         self.fn: Callable | None = None  # torch.compile'd at the first compiled call, on the thread that compiles
         self.compiled = True
         self.first = True
@@ -107,15 +99,9 @@ class CompiledKernel:
         self._compiled_once()
         return out
 
-    @property
-    def loads_from_disk(self) -> bool:
-        """Compiled on this machine before: compiling it is a disk-cache load (about WARM_LOAD_SECONDS)."""
-        return self.compiled and inductor.in_disk_cache(self.fingerprint)
-
     def _compiled_once(self) -> None:
         if not self.compiled_once.is_set():
             _COMPILED_FORMULAS.add(self.formula)  # its other tile shapes compile without waiting for eager time
-            inductor.remember_in_disk_cache(self.fingerprint)
             self.compiled_once.set()
 
     def _fall_back(self, exc: Exception) -> None:
@@ -235,7 +221,7 @@ def tile_kernel(consumers, exprs, info, order, *, formula: tuple, shapes, compil
         label = f"{abs(hash(key)) % 10**8:08d}"
         eager = lower.build_tile_function(consumers, exprs, info, order, label, expand=expand, eager=not compiled)
         options = {**inductor.COMPILE_OPTIONS, **{k: v for c in consumers for k, v in c.compile_options.items()}}
-        fn = CompiledKernel(eager, label, options, formula, inductor.fingerprint(key)) if compiled else eager
+        fn = CompiledKernel(eager, label, options, formula) if compiled else eager
         _CACHE[full_key] = fn
         stats["built"] += 1
         while len(_CACHE) > MAX_KERNELS:

@@ -202,30 +202,25 @@ def _auto_tier(loop: "_TileLoop", problem: Problem, consumers, chunk_size, formu
     spent = compile.eager_seconds(formula_key)
     started = time.perf_counter()
 
-    def start_compile(projected: float, done_rows: int) -> None:
-        """Compile once the time warrants it: beside the eager tiles, or at once when the kernel loads
-        from the disk cache in less time than the eager tiles left would take."""
+    def start_compile(projected: float) -> None:
         nonlocal kernel
         if kernel is None and compile.worth_compiling(formula_key, n * m, spent + projected):
             kernel = loop.kernel(compiled_plan, True)
-            if kernel.loads_from_disk and projected * (1 - done_rows / n) > compile.WARM_LOAD_SECONDS:
-                kernel(*loop.example_arguments(compiled_plan))
-            else:
-                kernel.compile_in_background(loop.example_arguments(compiled_plan))
+            kernel.compile_in_background(loop.example_arguments(compiled_plan))
 
     def switch(done_rows: int):
         """After each eager row block: start the compile once the time warrants it; the kernel once it is ready.
 
         Starting it inside the call, not after it, measured better: calls 2-3 at 16384^2 run compiled
         (RBF 0.69 s, k-min 0.18 s) where compiling after call 1 left call 2 eager (5.2 s, 3.9 s)."""
-        start_compile((time.perf_counter() - started) * n / max(done_rows, 1), done_rows)
+        start_compile((time.perf_counter() - started) * n / max(done_rows, 1))
         return kernel if kernel is not None and kernel.ready else None
 
     switch(0)  # a formula compiled before (another tile shape) or already worth it starts at once
     at = loop.run(plan_tiles(problem, consumers, chunk_size, False), False, switch=switch)
     if large:
         compile.record_eager(formula_key, time.perf_counter() - started)
-    start_compile(time.perf_counter() - started, n)  # a one-row-block call decides from its whole time
+    start_compile(time.perf_counter() - started)  # a one-row-block call decides from its whole time
     if at < n:
         loop.run(compiled_plan, True, kernel=kernel, start=at)
     routes["eager" if at == n else "eager, then compiled"] += 1

@@ -1,16 +1,12 @@
 """What lazytensor asks of ``torch._inductor``, in one place: the options its kernels compile with,
-the one-per-machine probe of the vector ISA (the only module that touches Inductor's internals), the
-record of kernels already in Inductor's disk cache, and the exponential its CPU tiles use in float32."""
+the one-per-machine probe of the vector ISA (the only module that touches Inductor's internals) and
+the exponential its CPU tiles use in float32."""
 from __future__ import annotations
 
-import functools
-import getpass
-import hashlib
 import json
 import math
 import os
 import platform
-import re
 import tempfile
 
 import torch
@@ -70,58 +66,6 @@ def _recorded(path: str, facts: dict) -> bool:
             return json.load(f) == facts
     except (OSError, ValueError):
         return False
-
-
-# -- kernels in the disk cache ------------------------------------------------------------------
-_KERNELS_FILE = "lazytensor-kernels.txt"  # one fingerprint per line, beside Inductor's own cache
-
-
-def cache_dir() -> str:
-    """Inductor's disk cache directory by its own rule (``TORCHINDUCTOR_CACHE_DIR``, else
-    ``<tmp>/torchinductor_<user>``), without importing Inductor (70 MiB and 2.5 s here)."""
-    given = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if given:
-        return os.path.abspath(given)
-    try:
-        user = getpass.getuser()
-    except (KeyError, ModuleNotFoundError, OSError):
-        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
-    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
-
-
-def fingerprint(key) -> str:
-    """A kernel key as text that names it in every process (``hash`` is salted per process)."""
-    return hashlib.sha1(repr((torch.__version__, key)).encode()).hexdigest()
-
-
-def in_disk_cache(name: str) -> bool:
-    """Whether this machine compiled the kernel before, so that compiling it now loads Inductor's
-    cached graph (seconds) instead of generating and building C++ (tens of seconds cold)."""
-    env = os.environ.get
-    caches_off = env("TORCHINDUCTOR_FX_GRAPH_CACHE") == "0" or env("TORCHINDUCTOR_FORCE_DISABLE_CACHES") == "1"
-    return not caches_off and name in _cached_kernels()
-
-
-def remember_in_disk_cache(name: str) -> None:
-    """Note a compiled kernel (best effort: an unwritable cache only costs later processes the wait)."""
-    known = _cached_kernels()
-    if name in known:
-        return
-    known.add(name)
-    try:
-        with open(os.path.join(cache_dir(), _KERNELS_FILE), "a") as f:
-            f.write(name + "\n")  # one short append: concurrent writers do not interleave within a line
-    except OSError:
-        pass
-
-
-@functools.cache
-def _cached_kernels() -> set[str]:
-    try:
-        with open(os.path.join(cache_dir(), _KERNELS_FILE)) as f:
-            return {line.strip() for line in f}
-    except OSError:
-        return set()
 
 
 # exp(x) = 2^k exp(r), k = round(x / ln 2), r = x - k ln 2 in two parts (Cody-Waite); exp(r) on

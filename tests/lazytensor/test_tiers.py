@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import lazytensor as lt
-from lazytensor import compile, engine, inductor, plan, threads
+from lazytensor import compile, engine, plan, threads
 
 
 def _fake_compile(compiled_on: list):
@@ -77,60 +77,6 @@ def test_a_pass_switches_to_the_compiled_kernel_at_a_row_block(monkeypatch, dtyp
     weight = torch.randn_like(ref)
     (g,), (g_ref,) = torch.autograd.grad((out * weight).sum(), [x]), torch.autograd.grad((ref * weight).sum(), [x_ref])
     torch.testing.assert_close(g, g_ref)
-
-
-def test_a_kernel_in_the_disk_cache_loads_in_the_call_when_the_eager_tiles_left_cost_more(monkeypatch):
-    """A kernel this machine compiled before only loads: once the eager tiles left are projected to cost
-    more than the load, the call loads it on its own thread and runs the rest compiled."""
-    compiled_on = []
-    monkeypatch.setattr(torch, "compile", _fake_compile(compiled_on))
-    monkeypatch.setattr(compile, "AUTO_COMPILE_MIN_PAIRS", 1)
-    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", 1e-9)  # decided after the first row block, from its projection
-    monkeypatch.setattr(compile, "WARM_LOAD_SECONDS", 0.0)
-    monkeypatch.setattr(plan, "TILE_BUDGET_BYTES", 4096)  # many eager row blocks
-    monkeypatch.setattr(compile.CompiledKernel, "compile_in_background", lambda self, args: pytest.fail("compiled aside"))
-    recorded = []
-    monkeypatch.setattr(inductor, "in_disk_cache", lambda name: recorded.append(name) or True)
-    x, y, b = torch.randn(211, 3), torch.randn(83, 3), torch.randn(83, 4)
-    routes = dict(engine.routes)
-    out = (lt.Vi(x).sqdist(lt.Vj(y)) * (lt.Vi(x).sqnorm2() + 2) * -0.19).exp() @ b  # a formula no other test runs
-    assert compiled_on == [threading.main_thread()] and len(recorded) == 1
-    assert engine.routes["eager, then compiled"] == routes.get("eager, then compiled", 0) + 1
-    ref = torch.exp(torch.cdist(x, y) ** 2 * ((x**2).sum(1, keepdim=True) + 2) * -0.19) @ b
-    torch.testing.assert_close(out, ref)
-
-
-_RECORDED = "x, y = torch.randn(20, 3), torch.randn(30, 3); (lt.Vi(x).sqdist(lt.Vj(y)) * (lt.Vj(y).sqnorm2() + 3)).exp().sum(1)"
-
-
-def test_compiled_kernels_are_recorded_beside_the_disk_cache(monkeypatch, tmp_path):
-    """A kernel that compiled is recorded under the name every process gives it; only a disk cache makes it a load."""
-    import os
-    import subprocess
-    import sys
-
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "here"))
-    monkeypatch.setattr(compile, "AUTO_COMPILE_MIN_PAIRS", 1)
-    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", 0.0)
-    monkeypatch.setattr(torch, "compile", _fake_compile([]))
-    (tmp_path / "here").mkdir()
-    inductor._cached_kernels.cache_clear()
-    try:
-        exec(_RECORDED, {"torch": torch, "lt": lt})
-        assert compile.wait_for_background_compiles(60)
-        names = (tmp_path / "here" / "lazytensor-kernels.txt").read_text().split()
-        assert len(names) == 1 and inductor.in_disk_cache(names[0])
-        (tmp_path / "there").mkdir()
-        probe = ("import torch; torch.compile = lambda fn, **kw: fn; import lazytensor as lt; from lazytensor import compile; "
-                 f"compile.AUTO_COMPILE_MIN_PAIRS, compile.COMPILE_AFTER_SECONDS = 1, 0.0; {_RECORDED}; "
-                 "compile.wait_for_background_compiles(60)")
-        subprocess.run([sys.executable, "-c", probe], env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "there")},
-                       check=True)
-        assert (tmp_path / "there" / "lazytensor-kernels.txt").read_text().split() == names  # the same name in a new process
-        monkeypatch.setenv("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
-        assert not inductor.in_disk_cache(names[0])
-    finally:
-        inductor._cached_kernels.cache_clear()
 
 
 def test_a_kernel_compiled_aside_is_not_recompiled_for_the_callers_grad_mode_or_thread_count(monkeypatch):
