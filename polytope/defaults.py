@@ -19,6 +19,8 @@ problem is sized here:
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 FRAME_DIM = 8
@@ -45,6 +47,16 @@ def tensor_spread(param: torch.Tensor) -> float:
     values = param.detach().double()
     spread = float(values.std()) if values.numel() > 1 else 0.0
     return spread if spread > 0.0 else (float(values.abs().mean()) or 1.0)
+
+
+def spread_vector(params: list[torch.Tensor]) -> torch.Tensor:
+    """Per coordinate, its tensor's initial standard deviation (where ``tensor_scales`` start); NaN for a constant
+    tensor (zeros, ones), which has no scale of its own to start from."""
+    def spread(param: torch.Tensor) -> float:
+        value = float(param.detach().double().std()) if param.numel() > 1 else 0.0
+        return value if value > 0.0 else math.nan
+
+    return torch.cat([torch.full((p.numel(),), spread(p), dtype=torch.float64) for p in params])
 
 
 def initial_radius(params: list[torch.Tensor]) -> float:
