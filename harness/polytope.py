@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import itertools
+import json
 import math
 from typing import Any, Callable
 
@@ -52,13 +53,17 @@ def run_one(task_name: str, method: str, seed: int, config: dict, budget: int, w
 
 def compare(task_name: str, methods: list[str], seeds: list[int], budget: int, wall: float | None, tune_seed: int | None,
             log: Callable[[str], None], out: dict[str, Any] | None = None,
-            started: Callable[[str], None] = lambda label: None) -> dict[str, Any]:
-    """Tune and run each method; ``out`` is filled as runs finish (Ctrl-C keeps them), ``started`` hears of each run."""
+            started: Callable[[str], None] = lambda label: None, settings: dict[str, dict] | None = None) -> dict[str, Any]:
+    """Tune and run each method (a method in ``settings`` runs that setting untuned); ``out`` is filled as runs finish
+    (Ctrl-C keeps them), ``started`` hears of each run."""
     out = {} if out is None else out
+    settings = settings or {}
     for method in methods:
         grid = GRIDS[method]
         tuning = []
-        if tune_seed is not None and len(grid) > 1:
+        if method in settings:
+            chosen = settings[method]
+        elif tune_seed is not None and len(grid) > 1:
             for k, cfg in enumerate(grid):
                 started(f"{task_name} {method}: tuning {k + 1}/{len(grid)}")
                 tuning.append(run_one(task_name, method, tune_seed, cfg, budget, wall))
@@ -128,10 +133,27 @@ def _check(args: argparse.Namespace) -> None:
         raise cli.UsageError("--task", "required (one or more of " + ", ".join(TASKS) + "), or --merge FILES")
     if args.budget is None:
         raise cli.UsageError("--budget", "required: candidate evaluations per run (an integer >= 1)")
+    unknown = [method for method, _ in args.setting or [] if method not in args.optimizers]
+    if unknown:
+        raise cli.UsageError("--setting", f"{', '.join(unknown)} is not among --optimizers")
     if len(set(args.seeds)) != len(args.seeds):
         raise cli.UsageError("--seeds", f"each seed once, got {' '.join(map(str, args.seeds))}")
     if not args.no_tune and args.tune_seed in args.seeds:
         raise cli.UsageError("--tune-seed", f"{args.tune_seed} is also in --seeds; tuning must use a seed kept apart")
+
+
+def _settings(pairs: list[list[str]]) -> dict[str, dict]:
+    """``--setting METHOD JSON`` pairs -> {method: setting}."""
+    out = {}
+    for method, text in pairs:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise cli.UsageError("--setting", f"{method}: {text!r} is not valid JSON ({exc.msg})") from None
+        if not isinstance(value, dict):
+            raise cli.UsageError("--setting", f"{method}: expected a JSON object of options, got {text!r}")
+        out[method] = value
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -156,10 +178,12 @@ def run(args: argparse.Namespace) -> int:
     if not methods:
         raise cli.UsageError("--optimizers", "none of these can run here (their optional packages are missing)")
     tune_seed = None if args.no_tune else args.tune_seed
+    settings = _settings(args.setting or [])
     record: dict[str, Any] = {"command": "polytope", "budget": args.budget, "wall": args.wall, "seeds": args.seeds,
                               "tune_seed": tune_seed, "threads": args.threads,
                               "grids": {m: GRIDS[m] for m in methods}, "tasks": {}}
-    per_method = {m: len(args.seeds) + (len(GRIDS[m]) if tune_seed is not None and len(GRIDS[m]) > 1 else 0) for m in methods}
+    tuned = {m for m in methods if tune_seed is not None and len(GRIDS[m]) > 1 and m not in settings}
+    per_method = {m: len(args.seeds) + len(GRIDS[m]) * (m in tuned) for m in methods}
     with kept_on_interrupt(record, args.output, lambda: report(record, args, console)), progress() as bar:
         task = bar.add_task("", total=len(args.task) * sum(per_method.values()))
         runs_started = itertools.count()
@@ -169,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
 
         for task_name in args.task:
             compare(task_name, methods, args.seeds, args.budget, args.wall, tune_seed, console.print,
-                    out=record["tasks"].setdefault(task_name, {}), started=started)
+                    out=record["tasks"].setdefault(task_name, {}), started=started, settings=settings)
     report(record, args, console)
     return 0
 
@@ -260,6 +284,9 @@ def register(subparsers) -> None:
     parser.add_argument("--tune-seed", type=cli.nonneg_int, default=100,
                         help="seed of the tuning runs (kept apart from --seeds)")
     parser.add_argument("--no-tune", action="store_true", help="use each grid's first setting")
+    parser.add_argument("--setting", nargs=2, action="append", type=str, metavar=("METHOD", "JSON"), default=None,
+                        help="run METHOD with this setting (a JSON object, e.g. what an earlier run's tuning chose) "
+                             "instead of tuning it; repeatable")
     parser.add_argument("--threads", type=cli.positive_int, default=1)
     parser.add_argument("--output", type=cli.output_path, default=None, help="JSON record; a PNG plot is written beside it")
     parser.add_argument("--plot", type=cli.output_path, default=None, help="PNG path (default: the output path with .png)")

@@ -19,6 +19,8 @@ problem is sized here:
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 FRAME_DIM = 8
@@ -40,11 +42,20 @@ def frame_dims(block_sizes: list[int], vertex_count, max_evaluations: float | No
     return [min(size, dim) for size in block_sizes]
 
 
+def _std(param: torch.Tensor) -> float:
+    """A tensor's standard deviation; 0 for a single value."""
+    return float(param.detach().double().std()) if param.numel() > 1 else 0.0
+
+
 def tensor_spread(param: torch.Tensor) -> float:
     """A tensor's initial spread: its standard deviation, else its mean magnitude, else 1 (all zeros)."""
-    values = param.detach().double()
-    spread = float(values.std()) if values.numel() > 1 else 0.0
-    return spread if spread > 0.0 else (float(values.abs().mean()) or 1.0)
+    return _std(param) or (float(param.detach().double().abs().mean()) or 1.0)
+
+
+def spread_vector(params: list[torch.Tensor]) -> torch.Tensor:
+    """Per coordinate, its tensor's initial standard deviation (where ``tensor_scales`` start); NaN for a constant
+    tensor (zeros, ones) or a single value, which has no spread of its own to start from."""
+    return torch.cat([torch.full((p.numel(),), _std(p) or math.nan, dtype=torch.float64) for p in params])
 
 
 def initial_radius(params: list[torch.Tensor]) -> float:

@@ -35,7 +35,7 @@ from . import validation as check
 from .candidates import Subspace
 from .config import EvaluatorOptions, PolytopeConfig
 from .controllers import AdaptiveTemperature, FixedTemperature, ProbeScale
-from .defaults import frame_dims, initial_radius
+from .defaults import frame_dims, initial_radius, spread_vector
 from .geometry import vertex_count
 from .moves import BlockModels, Momentum, fit_models, move_lengths
 from .objective import ClosureObjective, EvaluatorObjective, Objective
@@ -144,7 +144,8 @@ class PolytopeOptimizer(torch.optim.Optimizer):
             dims = [min(index.numel(), c.block_dim) for index in blocks]
         group_of = [g for g, tensors_g in enumerate(tensors) for _ in range(sum(n for n, _ in tensors_g))]
         segments = tensor_segments(blocks, [n for tensors_g in tensors for n, _ in tensors_g]) if c.tensor_scales else None
-        return Probes(blocks, dims, c.polytope, self._generator, segments), [group_of[int(index[0])] for index in blocks]
+        spread = spread_vector(self._params) if c.tensor_scales and c.subspace is None else None
+        return Probes(blocks, dims, c.polytope, self._generator, segments, spread), [group_of[int(index[0])] for index in blocks]
 
     @staticmethod
     def _check_group(group: dict) -> None:

@@ -8,13 +8,15 @@ columns). Its candidates are ``x + r_pk * D_p * (R_p v)`` for every vertex
 
 ``D_p`` is a diagonal metric, one scale per *segment* (the block's pieces of
 its parameter tensors; ``D = 1`` unless the optimizer passes segments, which
-``tensor_scales=True`` does). Then the last random axis of each new frame is
-drawn inside one segment, picked uniformly (orthonormalising it against the
-earlier axes leaves a share of about ``d / m_p`` of it outside), and ``follow_curvature`` moves that
-segment's scale until its curvature along that axis matches the mean curvature
-of the frame's mixed axes: a Jacobi (diagonal) preconditioner per tensor, from
-the curvature the radius model estimates anyway. Frame statistics, moves and
-momentum all live in the scaled coordinates ``y = x / D``.
+``tensor_scales=True`` does). Each segment starts at its tensor's initial
+spread (the initialisation's own per-layer scale), and the last random axis of
+each new frame is drawn inside one segment, picked uniformly (orthonormalising
+it against the earlier axes leaves a share of about ``d / m_p`` of it outside);
+``follow_curvature`` then moves that segment's scale, a little per step, until
+its curvature along that axis matches the mean curvature of the frame's mixed
+axes: a Jacobi (diagonal) preconditioner per tensor, from the curvature the
+radius model estimates anyway. Frame statistics, moves and momentum all live
+in the scaled coordinates ``y = x / D``.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from .geometry import frame, procrustes, random_basis, vertex_count
 
 ROTATIONS = ("random", "last_step", "none")
 SCALE_LIMIT = 1e3  # segment scales stay within this factor of their geometric mean
+STEER_RATE = 0.125  # share of the clipped log curvature mismatch a segment's scale moves by per update
 
 
 def make_blocks(spec, group_tensors: list[list[tuple[int, int]]], subspace_blocks: list[int] | None) -> list[torch.Tensor]:
@@ -97,11 +100,13 @@ class Probes:
     """Frames, bases and last displacements per block; builds the candidate groups of a step."""
 
     def __init__(self, blocks: list[torch.Tensor], dims: list[int], polytope: str, generator: torch.Generator,
-                 segments: list[list[int]] | None = None):
+                 segments: list[list[int]] | None = None, spread: torch.Tensor | None = None):
+        """``spread``: per coordinate, its tensor's initial spread (NaN where unknown), where the segment scales start."""
         self.blocks, self.dims, self.polytope, self.generator = blocks, dims, polytope, generator
         self._frames: dict[int, torch.Tensor] = {}
         self.segments = [[int(index.numel())] for index in blocks] if segments is None else [list(s) for s in segments]
-        self.scales = [torch.ones(len(s), dtype=torch.float64) for s in self.segments]
+        self.scales = [torch.ones(len(s), dtype=torch.float64) if spread is None or len(s) == 1 else self._start(p, spread)
+                       for p, s in enumerate(self.segments)]
         self.aligned: list[int | None] = [None] * len(blocks)  # segment holding the frame's last axis
         self.bases = [self._basis(p, None) for p in range(len(blocks))]
         self.last_move = [torch.zeros(index.numel(), dtype=torch.float64) for index in blocks]
@@ -159,8 +164,10 @@ class Probes:
         coordinates). With ``c`` the last (aligned) axis's and ``c_mix`` the mean
         of the mixed random axes (the first axis is left out: it follows the
         last move, which favours flat directions), the segment's scale gets
-        ``D_t *= clip(sqrt(c_mix / c), 1/2, 2)^(1/2)``, so at rest every tensor
-        has the same curvature per scaled unit. The scales are then normalised to
+        ``D_t *= clip(sqrt(c_mix / c), 1/2, 2)^STEER_RATE``, so at rest every
+        tensor has the same curvature per scaled unit. The rate is small: the
+        scales start at the tensors' spreads and leave them slowly (a fast walk to
+        the Jacobi scales lost on ``digits-mlp``, docs/polytope.md). The scales are then normalised to
         a geometric mean of one over the coordinates (the probe scale keeps its
         meaning) and kept within ``SCALE_LIMIT`` of it; ``last_move`` follows into
         the new coordinates.
@@ -175,11 +182,27 @@ class Probes:
         old = self.metric(p)
         ratio = math.sqrt(float(mixed.mean()) / float(curvatures[-1]))
         log_scales = self.scales[p].log()
-        log_scales[segment] += 0.5 * math.log(min(max(ratio, 0.5), 2.0))
-        sizes = torch.tensor(self.segments[p], dtype=torch.float64)
-        log_scales -= (log_scales * sizes).sum() / sizes.sum()
-        self.scales[p] = log_scales.clamp(-math.log(SCALE_LIMIT), math.log(SCALE_LIMIT)).exp()
+        log_scales[segment] += STEER_RATE * math.log(min(max(ratio, 0.5), 2.0))
+        self.scales[p] = self._normalised(p, log_scales)
         self.last_move[p] = self.last_move[p] * old / self.metric(p)
+
+    def _start(self, p: int, spread: torch.Tensor) -> torch.Tensor:
+        """Block ``p``'s first segment scales: each its tensor's spread; a tensor of unknown spread (constant) starts
+        at the block's typical one."""
+        starts = torch.tensor(_cumsum([0] + self.segments[p][:-1])) + int(self.blocks[p][0])
+        log_spread = spread[starts].log()
+        known = log_spread.isfinite()
+        if not known.any():
+            return torch.ones(len(self.segments[p]), dtype=torch.float64)
+        sizes = torch.tensor(self.segments[p], dtype=torch.float64)
+        log_spread[~known] = (log_spread[known] * sizes[known]).sum() / sizes[known].sum()
+        return self._normalised(p, log_spread)
+
+    def _normalised(self, p: int, log_scales: torch.Tensor) -> torch.Tensor:
+        """Scales from logs, at a geometric mean of one over block ``p``'s coordinates and within ``SCALE_LIMIT`` of it."""
+        sizes = torch.tensor(self.segments[p], dtype=torch.float64)
+        log_scales = log_scales - (log_scales * sizes).sum() / sizes.sum()
+        return log_scales.clamp(-math.log(SCALE_LIMIT), math.log(SCALE_LIMIT)).exp()
 
     def frame(self, dim: int) -> torch.Tensor:
         if dim not in self._frames:

@@ -27,15 +27,16 @@ def _same(got, pinned_hex):
     assert [float(v) for v in got] == [float.fromhex(h) for h in pinned_hex]
 
 
-# Re-pinned when tensor_scales became a default (issue 24); the "*-no-tensor-scales" cases are the
+# Re-pinned when tensor_scales became a default (issue 24) and again when its scales began at the tensors' spreads with a
+# slower walk; the "*-no-tensor-scales" cases are the
 # earlier defaults' pins, which tensor_scales=False still reproduces bit for bit.
 PINNED_TRAIN = {
     "full": (dict(steps=6), [
-        "0x1.968c1eb1149f2p-2", "0x1.1d932c6c60df4p-2", "0x1.216ca4d9e068cp-2", "0x1.0549b4c30f023p-2",
-        "0x1.ee4b4296fe6aap-3", "0x1.ac979ff9863cap-3"], [17.0, 34.0, 51.0, 68.0, 85.0, 102.0]),
+        "0x1.98234d3ddaf58p-2", "0x1.2dae7ce25410ep-2", "0x1.295567561e326p-2", "0x1.1216c9895c8e0p-2",
+        "0x1.249a02761ddecp-2", "0x1.f8f611fab1117p-3"], [17.0, 34.0, 51.0, 68.0, 85.0, 102.0]),
     "minibatch": (dict(steps=6, batch_size=8), [
-        "0x1.35a0f3cefe35ap-2", "0x1.8daa973fec5f8p-2", "0x1.f3e188cfb1171p-3", "0x1.7ae55502e3212p-2",
-        "0x1.c231d777b5e71p-3", "0x1.3c7f72efa292bp-2"], [17.0, 35.0, 53.0, 71.0, 89.0, 107.0]),
+        "0x1.37d65587dd12ep-2", "0x1.8cb4f1befafa3p-2", "0x1.b1ac49590d286p-3", "0x1.81acdf37a58b0p-2",
+        "0x1.edef42884bbf7p-3", "0x1.3d19a68785c6bp-2"], [17.0, 35.0, 53.0, 71.0, 89.0, 107.0]),
     "full-no-tensor-scales": (dict(steps=6, tensor_scales=False), [
         "0x1.92124759868a0p-2", "0x1.08abd11a2af61p-2", "0x1.158e4fa94bcdcp-2", "0x1.e9900f963996cp-3",
         "0x1.2101c3f8154efp-2", "0x1.06f2a4a5d646fp-2"], [17.0, 34.0, 51.0, 68.0, 85.0, 102.0]),
@@ -43,11 +44,11 @@ PINNED_TRAIN = {
         "0x1.3001c32aa1c86p-2", "0x1.a4893e974d128p-2", "0x1.bd4838dd43726p-3", "0x1.204398472bb69p-2",
         "0x1.28db8c9f2193dp-3", "0x1.68a65b0dd8613p-3"], [17.0, 35.0, 53.0, 71.0, 89.0, 107.0]),
     "closure": (dict(max_evaluations=60, use_evaluator=False), [
-        "0x1.b1915a808b8bap-2", "0x1.82f3cf535d055p-2", "0x1.7ad5afa650b32p-2", "0x1.7ea09fdb8f993p-2",
-        "0x1.75afab63a4234p-2", "0x1.76f72c9ff3161p-2", "0x1.75afa55af2d49p-2", "0x1.75afa9b84d17ap-2",
-        "0x1.75afa470e916ap-2", "0x1.75afa4710f234p-2", "0x1.75afa46258620p-2", "0x1.75afa46259fadp-2",
-        "0x1.75afa4617016ap-2", "0x1.75afa461701cep-2", "0x1.75afa4616194ep-2", "0x1.75afa4616194ep-2",
-        "0x1.75afa46160acdp-2", "0x1.75afa46160acdp-2", "0x1.75afa461609e4p-2", "0x1.75afa461609e4p-2"],
+        "0x1.b49c5c9a1cbadp-2", "0x1.8c29fa2926f47p-2", "0x1.838cec11ecd6ep-2", "0x1.879277e0bb840p-2",
+        "0x1.7f0a523aa65eep-2", "0x1.8028117ecce80p-2", "0x1.7f0a46501d0f9p-2", "0x1.7f0a4e0879efap-2",
+        "0x1.7f0a44f7b993fp-2", "0x1.7f0a44f7a8efdp-2", "0x1.7f0a44eda5ad0p-2", "0x1.7f0a44e226e08p-2",
+        "0x1.7f0a44e7fc085p-2", "0x1.7f0a44e0be848p-2", "0x1.7f0a44e0ec360p-2", "0x1.7f0a44e0b9236p-2",
+        "0x1.7f0a44e0b9238p-2", "0x1.7f0a44e0b8cd6p-2", "0x1.7f0a44e0b8cd6p-2", "0x1.7f0a44e0b8c80p-2"],
         [3.0 * (k + 1) for k in range(20)]),
 }
 

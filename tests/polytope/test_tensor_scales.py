@@ -1,4 +1,7 @@
-"""``tensor_scales`` (default True): one scale per parameter tensor inside a block, steered toward equal curvature."""
+"""``tensor_scales`` (default True): one scale per parameter tensor inside a block, from the tensors' initial spreads
+steered toward equal curvature."""
+import math
+
 import pytest
 import torch
 
@@ -51,13 +54,14 @@ def test_scales_reach_the_jacobi_ratio_and_candidates_use_them():
     f = _stiff_and_flat()
     p = _params()
     opt = PolytopeOptimizer(p, seed=0)  # the default
+    assert opt.probes.scales[0].tolist() == [1.0, 1.0]  # constant tensors: no spread to start from
     seen = []
 
     def closure(c):
         seen.append(c.detach().clone())
         return f(c)
 
-    for _ in range(60):
+    for _ in range(150):
         opt.step(closure, objective_token=0)
     flat, stiff = opt.probes.scales[0].tolist()
     assert 5.0 < flat / stiff < 20.0  # sqrt(100) = 10 at rest
@@ -67,6 +71,19 @@ def test_scales_reach_the_jacobi_ratio_and_candidates_use_them():
     ratio = float((spread[:, :6].mean() / spread[:, 6:].mean()).sqrt())
     assert 0.5 < ratio / (flat / stiff) < 2.0  # the candidates are x + r D R v: the stiff tensor probed closer
     assert f(opt.incumbent[None])[0] < 1e-6 * f(torch.ones(1, 10, dtype=torch.float64))[0]
+
+
+def test_scales_start_at_the_tensors_spreads():
+    """Ratios of the initial standard deviations, at a geometric mean of one; a constant tensor at the typical scale."""
+    g = torch.Generator().manual_seed(0)
+    wide = torch.nn.Parameter(torch.randn(30, generator=g, dtype=torch.float64))
+    narrow = torch.nn.Parameter(0.1 * torch.randn(10, generator=g, dtype=torch.float64))
+    zeros = torch.nn.Parameter(torch.zeros(5, dtype=torch.float64))
+    a, b, c = PolytopeOptimizer([wide, narrow, zeros], seed=0).probes.scales[0].tolist()
+    assert a / b == pytest.approx(float(wide.detach().std() / narrow.detach().std()), rel=1e-12)
+    assert math.log(c) == pytest.approx((30 * math.log(a) + 10 * math.log(b)) / 40, abs=1e-12)
+    assert 30 * math.log(a) + 10 * math.log(b) + 5 * math.log(c) == pytest.approx(0.0, abs=1e-12)
+    assert PolytopeOptimizer([wide, narrow], seed=0, tensor_scales=False).probes.metric(0) is None
 
 
 def test_round_trip_with_tensor_scales_continues_bit_for_bit():
