@@ -13,8 +13,8 @@ particular reduction:
   order, Hessian-vector products, gradient penalties. Softmax weights stay
   placeholders in those formulas (``reductions.softmax.Softmax``): their sums
   are ``SoftmaxSum``, whose derivatives are centred per pair as dense
-  autograd's (a cotangent on a weight becomes w (a - sum_j w a) on F, the
-  sum known or streamed first, in one ``prepass``);
+  autograd's (a cotangent a on a weight becomes w (a - sum_j w a) on F, the
+  sum known or streamed in a pass before, ``Backward._centre``);
 - forward mode (``jvp``): the formula's tangent (``diff.jvp``) is summed the
   same way (``Forward`` collector), for ``torch.func.jvp`` / ``jacfwd``;
 - vmap: vmapped dimensions become the problem's batch dimension.
