@@ -10,7 +10,11 @@ particular reduction:
   formulas for every input and they run as ONE streamed pass of sums (over j
   for i-variables and parameters, over i for j-variables), again through
   ``reduce``, so the backward is itself differentiable: gradients of any
-  order, Hessian-vector products, gradient penalties;
+  order, Hessian-vector products, gradient penalties. Softmax weights stay
+  placeholders in those formulas (``reductions.softmax.Softmax``): their sums
+  are ``SoftmaxSum``, whose derivatives are centred per pair as dense
+  autograd's (a cotangent a on a weight becomes w (a - sum_j w a) on F, the
+  sum known or streamed in a pass before, ``Backward._centre``);
 - forward mode (``jvp``): the formula's tangent (``diff.jvp``) is summed the
   same way (``Forward`` collector), for ``torch.func.jvp`` / ``jacfwd``;
 - vmap: vmapped dimensions become the problem's batch dimension.
@@ -27,6 +31,7 @@ import torch
 from . import diff, engine, ir
 from .problem import Problem
 from .reductions import Sum
+from .reductions.softmax import SoftmaxSum
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,6 +160,7 @@ class _Collector:
         self.problem, self.options, self.sharding = problem, options, options["sharding"]
         self.extra: dict[sympy.Symbol, tuple[torch.Tensor, str]] = {}
         self.info = dict(problem.info)
+        self.softmaxes: dict = {}  # placeholder symbol -> reductions.softmax.Softmax
 
     def variable(self, tensor: torch.Tensor, axis: str) -> sympy.Symbol:
         """A tensor (a cotangent, a saved output) as a new variable of the derivative formulas."""
@@ -163,8 +169,18 @@ class _Collector:
         self.info[sym] = ir.VarInfo(axis, tensor.shape[-1])
         return sym
 
+    def adopt(self, softmaxes: dict) -> None:
+        """Softmax weights that formulas of this pass hold as placeholders (their feature size for ``diff``)."""
+        self.softmaxes.update(softmaxes)
+        self.info.update({w: ir.VarInfo("i", s.dim) for w, s in softmaxes.items()})
+
     def full_problem(self) -> Problem:
         return self.problem.extended(self.extra)
+
+    def _sum(self, expr: sympy.Expr, info: dict, dim: int, reduced_axis: str) -> Sum:
+        """The streamed sum of a derivative formula: a ``SoftmaxSum`` where it holds softmax weights."""
+        softmaxes = {w: self.softmaxes[w] for w in expr.free_symbols & self.softmaxes.keys()}
+        return SoftmaxSum(expr, softmaxes, info, dim, reduced_axis) if softmaxes else Sum(expr, info, dim, reduced_axis)
 
     def local(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Global column indices as this rank's (clamped), and which are its own (None: all are)."""
@@ -218,10 +234,22 @@ class Backward(_Collector):
         self.wanted = wanted
         self.pairs: list[tuple[sympy.Expr, sympy.Expr]] = []
         self.selections: list[tuple[sympy.Expr, torch.Tensor, torch.Tensor]] = []
+        self.weighted: list[tuple] = []  # (softmax, cotangent on its weight, its centre or None)
 
-    def cotangent(self, expr: sympy.Expr, cot: sympy.Expr) -> None:
-        """A cotangent formula on every tile value of ``expr``."""
+    def cotangent(self, expr: sympy.Expr, cot: sympy.Expr, centre: sympy.Expr | None = None) -> None:
+        """A cotangent formula on every tile value of ``expr``.
+
+        Softmax weights in ``expr`` are held fixed there; the cotangent on
+        each weight goes to its F, centred (``centre``: its sum over j
+        weighted by the weight, where known; else streamed before the pass).
+        """
+        cot = sympy.sympify(cot)
         self.pairs.append((expr, cot))
+        found = expr.free_symbols & self.softmaxes.keys()
+        for w in found:
+            on_weight = diff.vjp([(expr, cot)], [w], self.info)[w]
+            if on_weight != 0:
+                self.weighted.append((self.softmaxes[w], on_weight, centre if len(found) == 1 else None))
 
     def selected(self, expr: sympy.Expr, index: torch.Tensor, cot: torch.Tensor) -> None:
         """Cotangents (B, N, S, C) on ``expr`` at the pairs (i, index[i, s]) only."""
@@ -235,8 +263,14 @@ class Backward(_Collector):
             grads[sym] = g if sym not in grads else grads[sym] + g
 
         if self.pairs:
+            self._centre()
             full = self.full_problem()
-            for sym, g in self._gradients(full, diff.vjp(self.pairs, self.wanted, full.info)).items():
+            groups: dict[frozenset, list] = {}  # formulas in different softmax weights sum apart
+            for expr, cot in self.pairs:
+                groups.setdefault(frozenset((expr.free_symbols | cot.free_symbols) & self.softmaxes.keys()), []).append(
+                    (expr, cot))
+            formulas = [f for pairs in groups.values() for f in diff.vjp(pairs, self.wanted, self.info).items()]
+            for sym, g in self._gradients(full, formulas).items():
                 add(sym, g)
         for expr, index, cot in self.selections:
             index, mine = self.local(index)  # sharded: each rank differentiates the pairs in its shard
@@ -246,7 +280,7 @@ class Backward(_Collector):
                     cot = cot * mine.unsqueeze(-1)
                 pairs, selections = _pairs(self.full_problem(), index)
                 g = pairs.extended({ir.new_variable_symbol(): (cot.reshape(cot.shape[0], -1, cot.shape[-1]), "i")})
-                formulas = diff.vjp([(expr, g.order[-1])], self.wanted, g.info)
+                formulas = diff.vjp([(expr, g.order[-1])], self.wanted, g.info).items()
                 contributions = {sym: self._unpair(sym, c, index, selections)
                                  for sym, c in self._gradients(g, formulas, **_PAIRS).items()}
             for sym in self.wanted:
@@ -255,18 +289,40 @@ class Backward(_Collector):
                         contributions.get(sym, torch.zeros_like(self.problem.tensors[sym])))
             for sym, contribution in contributions.items():
                 add(sym, contribution)
+        normalisers = {s.total for s in self.softmaxes.values()}  # no cotangent (see ``_centre``): none to run
         for sym in self.wanted:  # used by the formula but folded away (x * 0): zero, as torch gives
-            grads.setdefault(sym, torch.zeros_like(self.problem.tensors[sym]))
+            if sym not in normalisers:
+                grads.setdefault(sym, torch.zeros_like(self.problem.tensors[sym]))
         return grads
 
+    def _centre(self) -> None:
+        """Cotangents a on softmax weights w as w (a - sum_j w a) on their F, one factor per pair.
+
+        w = exp(F - shift) / total depends on F directly and through the
+        total; summed apart (the total's cotangent sent back to the pass that
+        made it) the two shares cancel catastrophically. Unknown centres are
+        streamed first, all in one pass.
+        """
+        missing = [(s, a) for s, a, centre in self.weighted if centre is None]
+        if missing:
+            full = self.full_problem()
+            values = {w: s.value for w, s in self.softmaxes.items()}
+            sums = [Sum((s.symbol * a).xreplace(values), full.info, s.dim, "j") for s, a in missing]
+            centres = iter(self.variable(c, "i") for (c,) in reduce(full, sums, **self.options))
+        for s, a, centre in self.weighted:
+            self.pairs.append((s.expr, s.on_expr(a, next(centres) if centre is None else centre)))
+        self.weighted = []
+
     def _gradients(self, problem, formulas, **overrides) -> dict:
-        """Each wanted variable's formula summed over the axis it is not indexed by, in one pass."""
-        todo = [s for s in self.wanted if formulas[s] != 0]
-        reductions = [
-            Sum(formulas[s], problem.info, self.problem.info[s].dim, "i" if problem.info[s].axis == "j" else "j") for s in todo
-        ]
+        """Wanted variables' formulas (several per variable) summed over the axis each is not indexed by, in one pass."""
+        todo = [(s, f) for s, f in formulas if f != 0]
+        reductions = [self._sum(f, problem.info, self.problem.info[s].dim, "i" if problem.info[s].axis == "j" else "j")
+                      for s, f in todo]
         outs = reduce(problem, reductions, **{**self.options, **overrides}) if reductions else []
-        return {s: g for s, (g,) in zip(todo, outs)}
+        grads: dict[sympy.Symbol, torch.Tensor] = {}
+        for (s, _), (g,) in zip(todo, outs):
+            grads[s] = grads[s] + g if s in grads else g
+        return grads
 
     def _unpair(self, sym, contribution, index, selections):
         """Per-pair gradients (B, N * S, D) back onto the variable's own rows."""
@@ -292,7 +348,12 @@ class Forward(_Collector):
         self.selections: list[tuple[sympy.Expr, torch.Tensor]] = []
 
     def tangent(self, expr: sympy.Expr) -> sympy.Expr:
-        return diff.jvp(expr, self.tangents, self.info)
+        """The tangent formula of ``expr``; softmax weights in it move as w (dF - sum_j w dF), centred per pair."""
+        tangents = dict(self.tangents)
+        for w in expr.free_symbols & self.softmaxes.keys():
+            s = self.softmaxes[w]
+            tangents[w] = s.tangent(diff.jvp(s.expr, self.tangents, self.info), self.tangents.get(s.total))
+        return diff.jvp(expr, tangents, self.info)
 
     def summed(self, expr: sympy.Expr, reduced_axis: str, dim: int):
         self.sums.append((expr, reduced_axis, dim))
@@ -305,7 +366,7 @@ class Forward(_Collector):
     def run(self) -> dict:
         full = self.full_problem()
         results = {}
-        live = [(k, Sum(e, full.info, dim, axis)) for k, (e, axis, dim) in enumerate(self.sums) if e != 0]
+        live = [(k, self._sum(e, full.info, dim, axis)) for k, (e, axis, dim) in enumerate(self.sums) if e != 0]
         outs = reduce(full, [r for _, r in live], **self.options) if live else []
         for (k, _), (out,) in zip(live, outs):
             results[("sum", k)] = out

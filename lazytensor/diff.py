@@ -4,12 +4,13 @@ Both chain sympy's exact local partials of each node (``local_partial``), with
 the vector nodes (``VectorOp``) handing cotangents and tangents through their
 own ``pullback`` / ``pushforward``. The results are ordinary formulas over the
 same symbols, so a derivative of any order is one more formula for the engine.
+``grouped`` keeps a centred difference one factor of the formulas it enters.
 """
 from __future__ import annotations
 
 import sympy
 
-from .ir import LOGICAL, FSum, VarInfo, VectorOp, ZeroSafePow, feature_dim, feature_sum
+from .ir import LOGICAL, FSum, Gather, VarInfo, VectorOp, ZeroSafePow, feature_dim, feature_sum, index_tuple
 
 
 def local_partial(node: sympy.Expr, k: int) -> sympy.Expr:
@@ -21,6 +22,17 @@ def local_partial(node: sympy.Expr, k: int) -> sympy.Expr:
     holders = [sympy.Dummy(f"a{n}", real=True) for n in range(len(node.args))]
     generic = node.func(*holders)
     return sympy.diff(generic, holders[k]).xreplace(dict(zip(holders, node.args)))
+
+
+def grouped(expr: sympy.Expr, width: int) -> sympy.Expr:
+    """``expr`` (of ``width`` features, or 1 to broadcast) as one factor: the gather of all its features.
+
+    A streamed sum distributes products over sums to form matrix products
+    (``ir.sum_terms``); a centred difference ``a_ij - mean_i`` summed term by
+    term is two large sums that cancel, while summed as one factor per pair
+    it keeps its digits (softmax derivatives, ``reductions.softmax``).
+    """
+    return Gather(expr, index_tuple(range(width)))
 
 
 def _pieces(node: sympy.Piecewise):

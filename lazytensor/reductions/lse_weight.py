@@ -43,7 +43,8 @@ class LogSumExpWeight(_OnlineSoftmax):
         return torch.full((batch, rows, self.dim), -math.inf, dtype=dtype, device=device), zeros(self.dim), zeros(1)
 
     def vjp(self, collector, outs, grads):
-        weight, unnormalized = self._weight(collector, outs)  # exp(F - lse) per feature, exp(F - shift)
+        softmax = self._softmax(collector, outs)  # its total weighs exp(F - shift) by G: values, not centred
+        weight, unnormalized = softmax.value, softmax.unnormalized  # exp(F - lse) per feature, exp(F - shift)
         per_feature = 0  # the cotangent of each feature of exp(F - shift) G
         if grads[0] is not None:
             per_feature = per_feature + collector.variable(grads[0], "i") * weight
@@ -53,7 +54,7 @@ class LogSumExpWeight(_OnlineSoftmax):
         collector.cotangent(self.weights, per_feature)
 
     def jvp(self, collector, outs):
-        _, unnormalized = self._weight(collector, outs)
+        unnormalized = self._softmax(collector, outs).unnormalized
         tangent = collector.tangent(self.expr) * self.weights + collector.tangent(self.weights)
         handle = collector.summed(unnormalized * tangent, "j", self.dim)
         return lambda results: (results[handle] / outs[1], results[handle], torch.zeros_like(outs[2]))
