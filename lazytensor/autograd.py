@@ -125,8 +125,13 @@ class Streamed(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, spec: Pass, *tensors):
-        """vmapped dimensions join the batch dimension: (V, B, ...) -> (V * B, ...)."""
+        """vmapped dimensions join the batch dimension: (V, B, ...) -> (V * B, ...); a block-sparse pass,
+        which takes no batch (``engine._TileLoop.run_sparse``), runs once per vmapped entry."""
         count = info.batch_size
+        if spec.ranges is not None:
+            per = [Streamed.apply(spec, *(t if d is None else t.select(d, k) for t, d in zip(tensors, in_dims[1:])))
+                   for k in range(count)]
+            return tuple(torch.stack(o) for o in zip(*per)), (0,) * len(per[0])
         moved = [t if d is None else t.movedim(d, 0) for t, d in zip(tensors, in_dims[1:])]
         batch = max(t.shape[0] if d is None else t.shape[1] for t, d in zip(moved, in_dims[1:]))
         flat = []
