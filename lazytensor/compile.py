@@ -93,7 +93,7 @@ class CompiledKernel:
             inductor.settle_vector_isa()
         self.first = False
         if self.fn is None:  # the process's first torch.compile imports dynamo and inductor (~2 s): not on the caller's thread
-            options = {**self.options, "guard_filter_fn": _without_global_state}
+            options = {**self.options, **({"guard_filter_fn": _without_global_state} if _GUARD_FILTERS else {})}
             self.fn = torch.compile(self.eager, fullgraph=True, dynamic=False, options=options)
         out = self.fn(*args)
         self._compiled_once()
@@ -132,6 +132,9 @@ class CompiledKernel:
             self._fall_back(exc)
         finally:
             _BACKGROUND.finished()
+
+
+_GUARD_FILTERS = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 9)  # the option is new in 2.9
 
 
 def _without_global_state(guards) -> list[bool]:
