@@ -20,6 +20,7 @@ amortise; a loop pays one. The engine decides when to look
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import os
 import sys
@@ -30,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from . import inductor, lower, threads
+from . import aot, inductor, lower, threads
 
 MAX_KERNELS = 64
 # The auto tier weighs compiling passes from 256 x 256 pairs on (a judgement, not a measured
@@ -63,9 +64,11 @@ class CompiledKernel:
     its next look.
     """
 
-    def __init__(self, eager: Callable, label: str, options: dict, formula: tuple):
+    def __init__(self, eager: Callable, label: str, options: dict, formula: tuple, consumers):
         self.eager, self.label, self.source, self.formula, self.options = eager, label, eager.source, formula, options
-        self.fn: Callable | None = None  # torch.compile'd at the first compiled call, on the thread that compiles
+        self.consumers = consumers
+        self.fn: Callable | None = None  # a loaded package, or torch.compile'd at the first compiled call
+        self.looked_on_disk = False
         self.compiled = True
         self.first = True
         self.background: threading.Thread | None = None
@@ -89,7 +92,9 @@ class CompiledKernel:
         return self.compiled and self.compiled_once.is_set()
 
     def _compiled_call(self, args: tuple):
-        if self.first and args[-1].device.type == "cpu":  # tile(I, J, P, mask, rowmask): a CPU kernel
+        if self.fn is None:
+            self.from_disk(args)
+        if self.first and self.fn is None and args[-1].device.type == "cpu":  # tile(I, J, P, S, mask, rowmask): CPU
             inductor.settle_vector_isa()
         self.first = False
         if self.fn is None:  # the process's first torch.compile imports dynamo and inductor (~2 s): not on the caller's thread
@@ -98,6 +103,21 @@ class CompiledKernel:
         out = self.fn(*args)
         self._compiled_once()
         return out
+
+    def _package_path(self, args: tuple):
+        return aot.package_path(self.source, self.consumers, args, self.options)
+
+    def from_disk(self, args: tuple) -> bool:
+        """Use the package an earlier build left for tiles like ``args`` (``aot``), once looked for; True if ready."""
+        if not self.looked_on_disk and self.fn is None and aot.available(args[-1].device):
+            self.looked_on_disk = True
+            self._use(aot.load(self._package_path(args), args, self.eager))
+        return self.ready
+
+    def _use(self, package) -> None:
+        if package is not None:
+            self.fn = package
+            self._compiled_once()
 
     def _compiled_once(self) -> None:
         if not self.compiled_once.is_set():
@@ -126,8 +146,13 @@ class CompiledKernel:
         _BACKGROUND.start(self.background)
 
     def _background_call(self, args: tuple) -> None:
+        """A package built by a niced child process (``aot``); where that fails, torch.compile in this thread."""
         try:
-            self._compiled_call(args)
+            if aot.available(args[-1].device):
+                self._use(aot.build(self._package_path(args), self.source, self.consumers, args, self.options, self.eager))
+            if self.fn is None:
+                with _BACKGROUND.compiling_here():
+                    self._compiled_call(args)
         except Exception as exc:  # noqa: BLE001 - any compiler failure falls back
             self._fall_back(exc)
         finally:
@@ -153,35 +178,46 @@ def _without_global_state(guards) -> list[bool]:
 
 
 class _Background:
-    """Background compiles in flight. While any runs, the interpreter switches threads every
-    ``SWITCH_SECONDS`` instead of every 5 ms: the caller's eager tiles give up the GIL inside each
-    ATen op, and with the default interval each op's return could wait 5 ms for the compiler's
-    Python to yield it back."""
+    """Background compiles in flight (``wait`` blocks until none is). While one compiles in this process
+    (not in a child: ``aot``), the interpreter switches threads every ``SWITCH_SECONDS`` instead of
+    every 5 ms: the caller's eager tiles give up the GIL inside each ATen op, and with the default
+    interval each op's return could wait 5 ms for the compiler's Python to yield it back."""
 
     SWITCH_SECONDS = 2e-4
 
     def __init__(self):
-        self.running, self.saved_interval = 0, None
+        self.running, self.here, self.saved_interval = 0, 0, None
         self.idle = threading.Condition(_LOCK)
 
     def start(self, thread: threading.Thread) -> None:
         with _LOCK:
-            if self.running == 0:
-                self.saved_interval = sys.getswitchinterval()
-                sys.setswitchinterval(min(self.saved_interval, self.SWITCH_SECONDS))
             self.running += 1
-            threads.background_compiles = self.running  # the compiler takes a core from the passes
-            threads.forget()
         thread.start()
 
     def finished(self) -> None:
         with _LOCK:
             self.running -= 1
-            threads.background_compiles = self.running
-            threads.forget()
             if self.running == 0:
-                sys.setswitchinterval(self.saved_interval)
                 self.idle.notify_all()
+
+    @contextlib.contextmanager
+    def compiling_here(self):
+        with _LOCK:
+            if self.here == 0:
+                self.saved_interval = sys.getswitchinterval()
+                sys.setswitchinterval(min(self.saved_interval, self.SWITCH_SECONDS))
+            self.here += 1
+            threads.background_compiles = self.here  # the compiler takes a core from the passes
+            threads.forget()
+        try:
+            yield
+        finally:
+            with _LOCK:
+                self.here -= 1
+                threads.background_compiles = self.here
+                threads.forget()
+                if self.here == 0:
+                    sys.setswitchinterval(self.saved_interval)
 
     def wait(self, timeout: float | None = None) -> bool:
         with _LOCK:
@@ -224,7 +260,7 @@ def tile_kernel(consumers, exprs, info, order, *, formula: tuple, shapes, compil
         label = f"{abs(hash(key)) % 10**8:08d}"
         eager = lower.build_tile_function(consumers, exprs, info, order, label, expand=expand, eager=not compiled)
         options = {**inductor.COMPILE_OPTIONS, **{k: v for c in consumers for k, v in c.compile_options.items()}}
-        fn = CompiledKernel(eager, label, options, formula) if compiled else eager
+        fn = CompiledKernel(eager, label, options, formula, consumers) if compiled else eager
         _CACHE[full_key] = fn
         stats["built"] += 1
         while len(_CACHE) > MAX_KERNELS:

@@ -187,25 +187,27 @@ def _auto_tier(loop: "_TileLoop", problem: Problem, consumers, chunk_size, formu
     A formula whose eager time (spent so far in this process, plus this call's
     projection from its first row block) reaches ``compile.COMPILE_AFTER_SECONDS``
     on a problem of at least ``compile.AUTO_COMPILE_MIN_PAIRS`` pairs has its kernel
-    compiled in a background thread; the pass switches to it at the next row
-    block once it is ready, and later calls start compiled. No call waits for a
-    compile, and a cheap or one-off formula never pays for one.
+    built aside (by a niced child process, ``aot``; in a background thread where
+    that is off or fails); the pass switches to it at the next row block once it
+    is ready, and later calls start compiled. A kernel an earlier process built
+    is loaded from disk at the first call. No call waits for a compile, and a
+    cheap or one-off formula never pays for one.
     """
     n, m = problem.size("i"), problem.size("j")
+    large = n * m >= compile.AUTO_COMPILE_MIN_PAIRS
     compiled_plan = plan_tiles(problem, consumers, chunk_size, True)
-    kernel = loop.kernel(compiled_plan, True, create=False)
-    if kernel is not None and kernel.ready:
-        loop.run(compiled_plan, True, kernel=kernel)
+    kernel = loop.kernel(compiled_plan, True, create=large)
+    if kernel is not None and (kernel.ready or large and kernel.from_disk(loop.example_arguments(compiled_plan))):
+        loop.run(compiled_plan, True, kernel=kernel)  # compiled in this process, or by a build it finds on disk
         routes["compiled"] += 1
         return
-    large = n * m >= compile.AUTO_COMPILE_MIN_PAIRS
     spent = compile.eager_seconds(formula_key)
     started = time.perf_counter()
 
     def start_compile(projected: float) -> None:
         nonlocal kernel
-        if kernel is None and compile.worth_compiling(formula_key, n * m, spent + projected):
-            kernel = loop.kernel(compiled_plan, True)
+        if (kernel is None or kernel.background is None) and compile.worth_compiling(formula_key, n * m, spent + projected):
+            kernel = kernel or loop.kernel(compiled_plan, True)
             kernel.compile_in_background(loop.example_arguments(compiled_plan))
 
     def switch(done_rows: int):

@@ -418,7 +418,11 @@ def tile_function_source(consumers, exprs, info, order, *, expand: bool = True, 
 
 def build_tile_function(consumers, exprs, info, order, label: str, *, expand: bool = True, eager: bool = False):
     """The tile function; ``eager``: lowered for eager execution (no compiler fuses it)."""
-    source = tile_function_source(consumers, exprs, info, order, expand=expand, eager=eager)
+    return tile_function(tile_function_source(consumers, exprs, info, order, expand=expand, eager=eager), consumers, label)
+
+
+def tile_function(source: str, consumers, label: str):
+    """The function ``source`` defines, with the names it calls (another process rebuilds a kernel from these)."""
     namespace = {"torch": torch, "exp": inductor.tile_exp, "inf": math.inf, "nan": math.nan, "at_columns": at_columns,
                  **{f"C{k}": c for k, c in enumerate(consumers)}}
     exec(compile(source, f"<lazytensor:{label}>", "exec"), namespace)

@@ -8,7 +8,7 @@ busy against quiet, dense 1.15-1.5x: ``python -m harness operators --first-call 
 docs/performance.md). A pass therefore counts the
 tasks runnable on the machine right now (``/proc/loadavg``), less this
 process's own, plus this process's background compiles (they take a core
-too), and runs with the cores left, at least one. It looks again at each row
+too), less its niced kernel builds (they take none), and runs with the cores left, at least one. It looks again at each row
 block (at most every ``RECHECK_SECONDS``), and torch's setting is restored
 when the pass ends. Compiled kernels read the thread count when they run
 (``inductor.COMPILE_OPTIONS``) and are compiled without dynamo's guard on it
@@ -25,6 +25,7 @@ import torch
 
 RECHECK_SECONDS = 0.1
 background_compiles = 0  # compiles running in this process's background threads (compile keeps it)
+niced_builds = 0  # kernel builds in child processes at the lowest priority (aot keeps it): they yield the cores
 _seen = [-math.inf, 0, 0]  # (when, threads wanted, threads granted)
 _wanted: list[int] = []  # torch's thread count when the outermost pass began (a stack of one)
 
@@ -60,7 +61,7 @@ def _measure(wanted: int) -> int:
         cores = len(os.sched_getaffinity(0))
     except (OSError, ValueError, IndexError, AttributeError):  # not Linux: keep torch's setting
         return wanted
-    return threads_left(wanted, cores, runnable - max(own, 1) + background_compiles)
+    return threads_left(wanted, cores, runnable - max(own, 1) + background_compiles - niced_builds)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,10 @@
-"""Suite-wide settings: deterministic seeds, bounded threads, loud recompiles."""
+"""Suite-wide settings: deterministic seeds, bounded threads, loud recompiles, compiles in-process."""
 import os
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".cache", "inductor"))
+# Background compiles stay in-process here: a package build in a child (the default, lazytensor.aot) takes tens
+# of seconds, and every test waits for its compiles; tests/lazytensor/test_aot.py runs that route.
+os.environ.setdefault("LAZYTENSOR_COMPILE_ASIDE", "thread")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -1,0 +1,179 @@
+"""Tile kernels compiled in another process: AOTInductor packages on disk, loaded in milliseconds.
+
+The auto tier compiles while the caller's eager tiles run. Compiled in a
+thread of the caller's process, Inductor's Python holds the GIL that every
+eager ATen op gives up and then waits for again: 300 calls of the README
+formula at 1000^2 went from 10 ms a call to 30-580 ms for the ~8 s the compile
+took (3.3 ms dense), and its hundreds of MiB counted against the call. Here a
+child process at the lowest CPU priority (SCHED_IDLE) exports the tile function and
+compiles it with AOTInductor into a package in the inductor cache directory;
+the caller loads the package (~10 ms) once it is built, and a later process
+that finds it starts compiled at its first call. The child costs the caller
+neither the GIL nor memory, and only the CPU time nothing else wants.
+
+A package is keyed by everything its code depends on: the tile source, the
+consumers (pickled), the example tile's shapes, strides and dtypes, the compile
+options, torch's and Python's versions, and the text of this package. Anything
+that goes wrong (no C++ toolchain, an export failure, a timeout) returns None
+from ``build`` and the caller compiles in-process as before.
+``LAZYTENSOR_COMPILE_ASIDE=thread`` turns this route off.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import getpass
+import hashlib
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+from . import inductor, lower, threads
+
+BUILD_TIMEOUT_SECONDS = 900
+# Inductor options of a package (on top of the kernel's own): the C++ wrapper AOTInductor adds around the
+# kernels compiles in 10 s at -O0 against 19 s at -O1 on this machine, and the tile's work is in the kernels.
+PACKAGE_OPTIONS = {"aot_inductor.compile_wrapper_opt_level": "O0"}
+_ONE_BUILD = threading.Lock()  # one child at a time: each already uses a core
+
+
+def available(device: torch.device) -> bool:
+    return (device.type == "cpu" and os.environ.get("LAZYTENSOR_COMPILE_ASIDE", "process") != "thread"
+            and hasattr(torch._C, "_aoti"))
+
+
+@functools.cache
+def _code_version() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _spec(t) -> tuple:
+    return (tuple(t.shape), t.stride(), str(t.dtype))
+
+
+def _tensors(args) -> list:
+    """The tile's tensors in the order the package takes them (absent states are no input)."""
+    return [t for t in pytree.tree_leaves(args) if t is not None]
+
+
+def _cache_dir() -> Path:
+    """Inductor's cache directory, found without importing Inductor (2 s of a call that only loads a package)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    user = "".join("_" if c in '\\/:*?"<>|' else c for c in getpass.getuser())
+    return Path(tempfile.gettempdir()) / f"torchinductor_{user}"
+
+
+def package_path(source: str, consumers, args: tuple, options: dict) -> Path:
+    """Where the package of this tile function, on tiles like ``args``, lives (or will)."""
+    tiles = [_spec(t) for t in _tensors(args)], str(pytree.tree_structure(args))
+    key = pickle.dumps((source, consumers, tiles, sorted(options.items()), torch.__version__, sys.version, _code_version()))
+    return _cache_dir() / "lazytensor-aot" / f"{hashlib.sha256(key).hexdigest()[:32]}.pt2"
+
+
+class Package:
+    """A loaded package as a tile kernel; a call on tiles it was not built for runs the eager function.
+
+    Loaded by AOTInductor's C++ loader: the Python one imports dynamo and Inductor first (3 s in a
+    fresh process), the C++ one takes 7 ms."""
+
+    def __init__(self, path: Path, args: tuple, eager: Callable):
+        self.runner = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+        self.outputs = pytree.treespec_loads(self.runner.get_call_spec()[1])
+        self.specs = [_spec(t) for t in _tensors(args)]
+        self.eager = eager
+
+    def __call__(self, *args):
+        tensors = _tensors(args)
+        if [_spec(t) for t in tensors] != self.specs:
+            return self.eager(*args)
+        return pytree.tree_unflatten(self.runner.run(tensors), self.outputs)
+
+
+def load(path: Path, args: tuple, eager: Callable) -> Package | None:
+    if not path.exists():
+        return None
+    try:
+        return Package(path, args, eager)
+    except Exception:  # noqa: BLE001 - a package another torch or a crashed build left: build it again
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+
+
+def build(path: Path, source: str, consumers, args: tuple, options: dict, eager: Callable) -> Package | None:
+    """The package at ``path``, built by a niced child process if no other process has built it; None on failure."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _ONE_BUILD, open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process building the same package: wait for it
+        if not path.exists() and not path.with_suffix(".failed").exists():
+            job = path.with_suffix(".job")
+            torch.save({"source": source, "consumers": consumers, "args": args, "options": {**options, **PACKAGE_OPTIONS},
+                        "path": str(path)}, job)
+            here = str(Path(__file__).resolve().parent.parent)  # the child imports this lazytensor, wherever it came from
+            env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1", OMP_NUM_THREADS="1",
+                       PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+            threads.niced_builds += 1
+            threads.forget()
+            try:
+                proc = subprocess.run([sys.executable, "-c", _CHILD, str(job)], env=env, capture_output=True,
+                                      text=True, timeout=BUILD_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                return None
+            finally:
+                threads.niced_builds -= 1
+                threads.forget()
+                job.unlink(missing_ok=True)
+            if proc.returncode == _EXPORT_FAILED:  # the same job fails every time: do not try again
+                path.with_suffix(".failed").write_text(proc.stderr[-4000:])
+            if proc.returncode != 0:
+                return None
+    return load(path, args, eager)
+
+
+_EXPORT_FAILED = 3
+# The child lowers its priority before it imports anything (torch's import is seconds of CPU): SCHED_IDLE, so
+# that any runnable task of the caller preempts it at once, where the platform has it; nice 19 everywhere.
+_CHILD = """import os, contextlib
+with contextlib.suppress(OSError, AttributeError):
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+os.nice(19)
+import sys, lazytensor.aot as aot
+sys.exit(aot._child(sys.argv[1]))
+"""
+
+
+def _child(job_path: str) -> int:
+    """The build process: export the tile function on the job's example tile, compile and package it."""
+    torch.set_num_threads(1)
+    inductor.settle_vector_isa()
+    job = torch.load(job_path, weights_only=False)
+    fn = lower.tile_function(job["source"], job["consumers"], "aot")
+
+    class Tile(torch.nn.Module):
+        def forward(self, I, J, P, S, mask, rowmask):  # noqa: E741 - the tile function's own argument names
+            return fn(I, J, P, S, mask, rowmask)
+
+    try:
+        with torch.no_grad():
+            program = torch.export.export(Tile(), job["args"], strict=False)
+            built = torch._inductor.aoti_compile_and_package(program, package_path=job["path"][:-4] + ".partial.pt2",
+                                                             inductor_configs=job["options"])
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which compiles in-process instead
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return _EXPORT_FAILED
+    os.replace(built, job["path"])  # atomic: a reader sees no package or the whole one
+    return 0
+
