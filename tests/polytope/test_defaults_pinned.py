@@ -1,4 +1,4 @@
-"""Short default runs pinned bit for bit: a refactor of the optimizer must not change a trajectory.
+"""Short default runs pinned to the last bits: a refactor of the optimizer must not change a trajectory.
 
 The figures of docs/polytope.md (and the comparison of issue 24) are default runs; these pin
 the same candidates and losses for the same seed on a full batch, minibatches, the closure
@@ -24,12 +24,14 @@ def _net():
 
 
 def _same(got, pinned_hex):
-    assert [float(v) for v in got] == [float.fromhex(h) for h in pinned_hex]
+    """Equal to 1e-12 relative: float64 sums take other vector paths on other CPUs (AVX2 against AVX-512 moved the
+    last bits, 1e-15 relative), while any change to the method moves a trajectory by far more."""
+    assert [float(v) for v in got] == pytest.approx([float.fromhex(h) for h in pinned_hex], rel=1e-12, abs=0)
 
 
 # Re-pinned when tensor_scales became a default (issue 24) and again when its scales began at the tensors' spreads with a
 # slower walk; the "*-no-tensor-scales" cases are the
-# earlier defaults' pins, which tensor_scales=False still reproduces bit for bit.
+# earlier defaults' pins, which tensor_scales=False still reproduces.
 PINNED_TRAIN = {
     "full": (dict(steps=6), [
         "0x1.98234d3ddaf58p-2", "0x1.2dae7ce25410ep-2", "0x1.295567561e326p-2", "0x1.1216c9895c8e0p-2",
