@@ -150,13 +150,19 @@ def reduce(problem: Problem, reductions, backend: str = "auto", chunk_size=None,
            sharding=None) -> list[tuple]:
     """The outputs of each reduction of ``problem`` (reducing its j axis; sums may reduce i), differentiable.
 
-    ``ranges`` restricts the pass to blocks (block-sparse); with a ``sharding``
-    the j axis is this rank's shard and the outputs are the full results.
+    ``ranges`` restricts the pass to blocks (block-sparse): entries over no
+    kept pair then take their value over the empty set, outside the pass
+    (``Reduction.over_nothing``), also in every derivative pass; with a
+    ``sharding`` the j axis is this rank's shard and the outputs are the full results.
     """
     spec = Pass(problem.info, tuple(problem.order), tuple(reductions), engine.check_backend(backend), chunk_size,
                 ranges, sharding)
     flat = Streamed.apply(spec, *[problem.tensors[s] for s in problem.order])
-    return spec.split(flat)
+    outs = spec.split(flat)
+    if ranges is None:
+        return outs
+    kept = ranges.kept(problem.device)  # sums over i (backward passes) need none: a column kept by no row stays 0
+    return [o if r.reduced_axis == "i" or not r.single_pass else r.over_nothing(o, kept) for r, o in zip(reductions, outs)]
 
 
 # -- collectors: what reductions ask for while differentiating ------------------------------

@@ -179,6 +179,16 @@ class BlockSparsity:
             starts, ends, owner, run_start, run_end, n, m)
         self._schedules: dict = {}
         self._pieces: dict = {}
+        self._kept: dict = {}
+
+    def kept(self, device) -> torch.Tensor:
+        """How many columns each row keeps, (n,) int64 on ``device`` (cached): rows with none reduce over nothing."""
+        if device not in self._kept:
+            with torch._C._DisableFuncTorch():  # kept beyond this call: plain tensors, not a torch.func level's wrappers
+                lengths = self.run_end - self.run_start
+                per_cluster = torch.zeros(len(self.starts), dtype=torch.int64).index_add_(0, self.owner, lengths)
+                self._kept[device] = torch.repeat_interleave(per_cluster, self.ends - self.starts).to(device)
+        return self._kept[device]
 
     def schedule(self, area: int, fixed: TilePlan | None, packed: bool) -> SparseSchedule:
         """The pass's tiles (cached: the forward and backward passes and later calls share them).

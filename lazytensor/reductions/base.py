@@ -130,6 +130,13 @@ class Consumer:
         """The outputs when the kept axis (``rows``) or the reduced axis is empty."""
         raise NotImplementedError
 
+    def nothing(self, batch: int, rows: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, ...]:
+        """The outputs of ``rows`` rows that reduce over the empty set (block-sparse rows that keep no pair).
+
+        ``empty``'s values; selections, which refuse a whole empty axis as torch does, override it.
+        """
+        return self.empty(batch, rows, dtype, device)
+
 
 class Reduction(Consumer):
     """A consumer with differentiable outputs; see the module docstring."""
@@ -141,6 +148,23 @@ class Reduction(Consumer):
     def run(self, problem, backend, chunk_size, sharding=None) -> tuple[torch.Tensor, ...]:
         """The outputs of a multi-pass reduction (single-pass ones share ``engine.stream``)."""
         raise NotImplementedError
+
+    def over_nothing(self, outs: tuple, kept: torch.Tensor) -> tuple:
+        """``outs`` with the entries over no pair set to their value over the empty set (``nothing``).
+
+        ``kept`` (N,) counts each row's kept pairs (block-sparse). The tile pass
+        gives such rows whatever its padding makes of them (k-min: NaN) and its
+        backward divides by their zero total (log-sum-exp: 0 / 0); replaced by
+        ``torch.where`` after the pass, they are constants to every autograd mode:
+        their cotangents never reach the pass, their gradients and tangents are 0,
+        as the dense reduction's with the dropped pairs masked out.
+        """
+        fills = self.nothing(1, len(kept), outs[0].dtype, outs[0].device)
+        return tuple(torch.where(self.unkept(kept, o), f.to(o.dtype), o) for o, f in zip(outs, fills))
+
+    def unkept(self, kept: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Where ``out`` (1, N, ...) reduces over no pair: its rows that keep none."""
+        return (kept == 0).view(1, -1, *(1,) * (out.dim() - 2))
 
     def vjp(self, collector, outs, grads) -> None:
         raise NotImplementedError

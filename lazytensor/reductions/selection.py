@@ -32,8 +32,14 @@ from .base import Reduction, channels_at_selection, is_nan, masked, padded, sele
 def _empty_axis(name: str, batch: int, rows: int, shape: tuple, dtype, device):
     if rows > 0:
         raise ValueError(f"{name}: cannot reduce over an empty axis (no entries to select from)")
-    return torch.empty(batch, 0, *shape, dtype=dtype, device=device), torch.empty(batch, 0, *shape, dtype=torch.int64,
-                                                                                  device=device)
+    return _nothing(batch, rows, shape, math.inf, dtype, device)
+
+
+def _nothing(batch: int, rows: int, shape: tuple, value: float, dtype, device):
+    """A selection over the empty set: ``value`` (+inf for a minimum, -inf for a maximum) at index 0, as KeOps
+    (whose running selection starts there) and the dense argmin of a row masked to +inf give."""
+    return (torch.full((batch, rows, *shape), value, dtype=dtype, device=device),
+            torch.zeros(batch, rows, *shape, dtype=torch.int64, device=device))
 
 
 def reader(at, mask: torch.Tensor, padding: float):
@@ -101,6 +107,9 @@ class ArgMin(Reduction):
 
     def empty(self, batch, rows, dtype, device):
         return _empty_axis(self.name, batch, rows, (self.dim,), dtype, device)
+
+    def nothing(self, batch, rows, dtype, device):
+        return _nothing(batch, rows, (self.dim,), self.sign * math.inf, dtype, device)
 
     def vjp(self, collector, outs, grads):
         select_channels(collector, self.expr, outs[1].unsqueeze(2), grads[0].unsqueeze(2))
@@ -212,6 +221,13 @@ class KMin(Reduction):
 
     def empty(self, batch, rows, dtype, device):
         return _empty_axis("kmin", batch, rows, (self.k, self.dim), dtype, device)
+
+    def nothing(self, batch, rows, dtype, device):
+        return _nothing(batch, rows, (self.k, self.dim), math.inf, dtype, device)
+
+    def unkept(self, kept, out):
+        """The slots past a row's kept pairs (all k of a row that keeps none): the tile pass leaves its NaN padding there."""
+        return (torch.arange(self.k, device=kept.device) >= kept[:, None]).view(1, len(kept), self.k, 1)
 
     def vjp(self, collector, outs, grads):
         select_channels(collector, self.expr, outs[1], grads[0])
