@@ -6,7 +6,12 @@ allocation history, and in some processes they settle where each tile's
 buffers go back to the system and are page-faulted in again, zeroed: the
 README's RBF product, eager, 8192^2, 2 threads, took 1.2-2.0 s a call with
 220,000-310,000 page faults in such a process, 0.4-0.6 s in the others (3 of
-9 fresh processes hit it; none of 7 with the thresholds fixed).
+9 fresh processes hit it; none of 7 with the thresholds fixed). The mmap
+threshold sits above the largest tile buffer (eager intermediates up to
+``plan.TILE_BUDGET_BYTES``, the quantile's 64 x 8192 x ranks index tiles):
+at 4 MiB the quantile's 12 MiB tile buffers were mapped and page-faulted in
+anew every tile (5.6 million faults a counting pass at 20000^2, 14 s against
+5.6 s at 32 MiB); eager passes measured the same either way.
 
 A process that states its own policy keeps it: ``LAZYTENSOR_KEEP_MALLOC=0``, or
 glibc's thresholds set in the environment (``MALLOC_MMAP_THRESHOLD_`` and its
@@ -22,7 +27,7 @@ import functools
 import os
 import platform
 
-MMAP_THRESHOLD = 4 << 20
+MMAP_THRESHOLD = 32 << 20
 TRIM_THRESHOLD = 64 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
 _THRESHOLD_SETTINGS = ("mmap_threshold", "trim_threshold", "top_pad", "mmap_max")  # what mallopt here would override

@@ -475,3 +475,29 @@ def test_masks_cached_under_inference_mode_serve_a_later_backward():
         torch.testing.assert_close(product(x.detach()), dense.detach(), **F64)
     assert_same(product(x), dense, [x])
     assert engine._valid.cache_info().hits > 0
+
+
+@pytest.mark.parametrize("case", ["sum", "kmin", "quantile"])
+def test_row_blocks_are_written_into_one_buffer_per_output(monkeypatch, case):
+    """A pass keeps no tensor per row block (each one pinned a hole on glibc's heap that the next tile's buffers
+    did not fit: the quantile's first counting pass grew a process by ~1 GiB at 20000^2); values unchanged."""
+    monkeypatch.setattr(plan, "TILE_BUDGET_BYTES", 4096)  # many eager row blocks
+    kept = []
+    original = engine._TileLoop.results
+
+    def results(self):
+        kept.append([len(blocks) for blocks in self.outputs])
+        return original(self)
+
+    monkeypatch.setattr(engine._TileLoop, "results", results)
+    x, y = torch.randn(203, 3, dtype=torch.float64), torch.randn(61, 3, dtype=torch.float64)
+    d = lt.Vi(x).sqdist(lt.Vj(y))
+    dense = torch.cdist(x, y) ** 2
+    if case == "sum":
+        got, want = d.sum(1, backend="eager"), dense.sum(1, keepdim=True)
+    elif case == "kmin":
+        got, want = d.kmin(3, dim=1, backend="eager"), dense.topk(3, largest=False).values[..., None]
+    else:
+        got, want = d.quantile(0.3, 1, backend="eager"), dense.quantile(0.3, 1)[:, None]
+    torch.testing.assert_close(got.reshape(want.shape), want)
+    assert kept and all(count == [1] for count in kept)
