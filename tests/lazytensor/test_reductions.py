@@ -1,4 +1,6 @@
 """Every reduction, streamed vs dense: values and first gradients, both axes."""
+import math
+
 import pytest
 import torch
 
@@ -125,3 +127,19 @@ def test_gradcheck_float64():
         return f.sum(1, chunk_size=(3, 2)), f.logsumexp(0, chunk_size=2)
 
     assert torch.autograd.gradcheck(fn, (x, y, b, g))
+
+
+@pytest.mark.parametrize("backend", ["eager", "compiled"])
+def test_kmin_through_group_minima_orders_nan_last_and_keeps_infinities(backend):
+    """A tile wide enough for the group-minima selection (256 columns: 8 groups of 32 > k), with NaN, +inf and
+    -inf entries: the k smallest as a stable ascending sort with NaN last (eager maps NaN with nan_to_num)."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 1, generator=gen, dtype=torch.float64)
+    w = torch.randn(256, 1, generator=gen, dtype=torch.float64)
+    w[[3, 40, 41, 200]] = torch.tensor([[math.nan], [math.inf], [-math.inf], [math.nan]], dtype=torch.float64)
+    w[100:140] = 0.0  # ties across groups: lowest index first
+    values, indices = (lt.Vi(x) * lt.Vj(w)).kmin_argkmin(5, dim=1, backend=backend)
+    dense = x * w.T
+    order = torch.sort(dense, dim=1, stable=True).indices[:, :5]
+    torch.testing.assert_close(values.reshape(7, 5), torch.gather(dense, 1, order), equal_nan=True)
+    assert torch.equal(indices.reshape(7, 5), order)
