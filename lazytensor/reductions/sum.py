@@ -88,6 +88,9 @@ class Sum(Reduction):
         products = {}
         for group, (matrix, columns) in stacks.items():
             columns = [matrix.new_ones(1, matrix.shape[-1], 1) if c is None else c for c in columns]
+            if len(columns) == 1:  # nothing to stack or split (a copy and a split per tile saved)
+                products[group] = [torch.matmul(matrix, columns[0].mT.contiguous().mT)]
+                continue
             batch = max([matrix.shape[0]] + [c.shape[0] for c in columns])
             # column-major W: BLAS is several times faster on a (rows, cols) @ (cols, few) product that way
             stacked = torch.cat([c.expand(batch, *c.shape[1:]) for c in columns], -1).mT.contiguous().mT
