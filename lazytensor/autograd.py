@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import sympy
 import torch
+from torch.autograd import forward_ad
 
 from . import diff, engine, ir
 from .problem import Problem
@@ -157,12 +158,22 @@ def reduce(problem: Problem, reductions, backend: str = "auto", chunk_size=None,
     """
     spec = Pass(problem.info, tuple(problem.order), tuple(reductions), engine.check_backend(backend), chunk_size,
                 ranges, sharding)
-    flat = Streamed.apply(spec, *[problem.tensors[s] for s in problem.order])
+    tensors = [problem.tensors[s] for s in problem.order]
+    flat = Streamed.apply(spec, *tensors) if _differentiated(tensors) else Streamed.forward(spec, *tensors)
     outs = spec.split(flat)
     if ranges is None:
         return outs
     kept = ranges.kept(problem.device)  # sums over i (backward passes) need none: a column kept by no row stays 0
     return [o if r.reduced_axis == "i" or not r.single_pass else r.over_nothing(o, kept) for r, o in zip(reductions, outs)]
+
+
+def _differentiated(tensors) -> bool:
+    """Whether a derivative may flow through the pass: a tensor that requires grad, a forward-mode
+    dual level, a torch.func transform or a compiler tracing the call. Without one the pass runs
+    outside the autograd function, whose ``apply`` costs ~0.1 ms a call (it binds the forward's
+    signature with ``inspect`` each time): most of a small problem's reduction."""
+    return ((torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or forward_ad._current_level >= 0
+            or torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling())
 
 
 # -- collectors: what reductions ask for while differentiating ------------------------------

@@ -8,6 +8,7 @@ into a schedule of row blocks, each with the column blocks it reduces over.
 """
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from collections import OrderedDict
@@ -76,22 +77,35 @@ def plan_tiles(problem: Problem, consumers, chunk_size, compiled: bool, m: int |
     number of columns (a sharded reduction plans for its largest shard).
     """
     n, m = problem.size("i"), problem.size("j") if m is None else m
-    given = check_chunk_size(chunk_size)
+    width = max([v.dim for v in problem.info.values()] + [c.dim for c in consumers] + [1])
+    hints = tuple(c.tile_hint for c in consumers if c.tile_hint)
+    limits = (PAIRS_PER_TILE, TILE_BUDGET_BYTES, MAX_TILE_ROWS, MAX_TILE_COLS, MIN_TILE,
+              CUDA_PAIRS_PER_TILE, CUDA_TILE_BUDGET_BYTES, CUDA_MAX_TILE)  # read now: tests and sweeps patch them
+    return _plan(n, m, check_chunk_size(chunk_size), compiled, problem.device.type, problem.batch,
+                 problem.dtype.itemsize * (width + 2), hints, limits)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(n: int, m: int, given, compiled: bool, device_type: str, batch: int, pair_bytes: int, hints: tuple,
+          limits: tuple) -> TilePlan:
+    """``plan_tiles`` from what it depends on (cached: small problems ask for the same plan call after
+    call); ``pair_bytes``: an eager tile's bytes per pair, its widest intermediate plus two."""
+    (PAIRS_PER_TILE, TILE_BUDGET_BYTES, MAX_TILE_ROWS, MAX_TILE_COLS, MIN_TILE,  # noqa: N806 - the module's limits
+     CUDA_PAIRS_PER_TILE, CUDA_TILE_BUDGET_BYTES, CUDA_MAX_TILE) = limits
     if given is not None:
         rows, cols = given
-    elif problem.device.type == "cpu" and any(c.tile_hint for c in consumers):
-        hints = [c.tile_hint for c in consumers if c.tile_hint]
+    elif device_type == "cpu" and hints:
         rows, cols = max(h[0] for h in hints), max(h[1] for h in hints)
         narrow = min(cols, bucket(m))  # fewer columns than the hint: more rows, the measured pairs per tile
         rows, cols = max(rows, min(MAX_TILE_ROWS, rows * cols // narrow)), narrow
         if not compiled:
-            rows = max(MIN_TILE, min(rows, _eager_pairs(problem, consumers, TILE_BUDGET_BYTES) // cols))
+            rows = max(MIN_TILE, min(rows, TILE_BUDGET_BYTES // pair_bytes // cols))
     else:
-        gpu = problem.device.type == "cuda"
+        gpu = device_type == "cuda"
         cols = min(CUDA_MAX_TILE if gpu else MAX_TILE_COLS, bucket(m))
-        pairs = (CUDA_PAIRS_PER_TILE if gpu else PAIRS_PER_TILE) // problem.batch
+        pairs = (CUDA_PAIRS_PER_TILE if gpu else PAIRS_PER_TILE) // batch
         if not compiled:
-            pairs = min(pairs, _eager_pairs(problem, consumers, CUDA_TILE_BUDGET_BYTES if gpu else TILE_BUDGET_BYTES))
+            pairs = min(pairs, (CUDA_TILE_BUDGET_BYTES if gpu else TILE_BUDGET_BYTES) // pair_bytes)
         rows = max(MIN_TILE, min(CUDA_MAX_TILE if gpu else MAX_TILE_ROWS, pairs // cols))
         rows = 1 << round(math.log2(rows))  # the nearest power of two: within a factor sqrt(2) of the budget
     if compiled:
@@ -112,11 +126,6 @@ def attention_tiles(queries: int, keys: int, groups: int, itemsize: int, device:
         rows = max(MIN_TILE, budget // (max(groups, 1) * cols * itemsize))
     return TilePlan(max(1, min(rows, queries)), max(1, min(cols, keys)))  # empty L or S: no tiles
 
-
-def _eager_pairs(problem: Problem, consumers, budget: int) -> int:
-    """Pairs per eager tile: its widest intermediate (features or channels, plus two) within ``budget`` bytes."""
-    width = max([v.dim for v in problem.info.values()] + [c.dim for c in consumers] + [1])
-    return budget // (problem.dtype.itemsize * (width + 2))
 
 def tile_schedule(n: int, m: int, plan: TilePlan, start: int = 0) -> list[tuple[tuple[int, int], list]]:
     """Row blocks covering [start, n) in order, each with every column block (at most one tile each)."""

@@ -33,11 +33,16 @@ class Problem:
         if not self.order:
             self.order = sorted(self.tensors, key=lambda s: (ir.AXES.index(self.info[s].axis), ir.creation_index(s)))
 
+    @functools.cached_property
+    def _by_axis(self) -> dict[str, list[sympy.Symbol]]:
+        """The symbols of each axis in kernel order (read many times a pass: computed once)."""
+        return {axis: [s for s in self.order if self.info[s].axis == axis] for axis in ir.AXES}
+
     def axis_symbols(self, axis: str) -> list[sympy.Symbol]:
-        return [s for s in self.order if self.info[s].axis == axis]
+        return list(self._by_axis[axis])
 
     def size(self, axis: str) -> int:
-        syms = self.axis_symbols(axis)
+        syms = self._by_axis[axis]
         if not syms:
             raise ValueError(f"the formula has no {axis}-indexed variable")
         return self.tensors[syms[0]].shape[1]
@@ -51,15 +56,15 @@ class Problem:
         """This problem as one rank's shard of a reduced axis of ``total`` entries over every rank."""
         return dataclasses.replace(self, total=total)
 
-    @property
+    @functools.cached_property
     def batch(self) -> int:
         return max((t.shape[0] for t in self.tensors.values()), default=1)
 
-    @property
+    @functools.cached_property
     def dtype(self) -> torch.dtype:
         return next(iter(self.tensors.values())).dtype
 
-    @property
+    @functools.cached_property
     def device(self) -> torch.device:
         return next(iter(self.tensors.values())).device
 

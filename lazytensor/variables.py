@@ -50,7 +50,7 @@ def wrap(x, axis) -> tuple[sympy.Expr, dict, int]:
     if isinstance(x, bool) or (isinstance(x, (int, float)) and axis is not None):
         raise TypeError(f"LazyTensor expects a tensor, an array, a number or a LazyTensor, got {x!r}")
     if isinstance(x, (int, float)):
-        return (sympy.Float(x) if isinstance(x, float) else sympy.Integer(x)), {}, 1
+        return _number(type(x), x), {}, 1
     follows_dtype = isinstance(x, list)
     if follows_dtype:
         x, axis = torch.tensor([float(v) for v in x]), "p"
@@ -63,6 +63,13 @@ def wrap(x, axis) -> tuple[sympy.Expr, dict, int]:
     tensor = normalized(x, axis)
     symbol = ir.position_symbol(0)
     return symbol, {symbol: Variable(axis, tensor, follows_dtype, from_numpy)}, tensor.shape[-1]
+
+
+@functools.lru_cache(maxsize=1024)
+def _number(kind: type, x) -> sympy.Number:
+    """A Python number as a sympy constant (cached: ``sympy.Float`` costs ~30 us, and a formula
+    written in a loop makes the same constants call after call; ``kind`` keeps 1 and 1.0 apart)."""
+    return sympy.Float(x) if kind is float else sympy.Integer(x)
 
 
 def aligned(operands: list[tuple[sympy.Expr, dict]]) -> tuple[list[sympy.Expr], dict]:
