@@ -81,7 +81,7 @@ class ArgMin(Reduction):
         The first group holding the row's minimum (NaN included, as torch.min)
         holds its first position, so ties and NaN resolve as one ``min`` would.
         """
-        f = masked(values[0] * self.sign, mask, math.inf)
+        f = masked(values[0] if self.sign == 1 else -values[0], mask, math.inf)
         m = f.shape[2]
         if m % GROUP:
             return f.min(2)
