@@ -14,6 +14,7 @@ name of the ``reductions.named`` table run by ``run``.
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 
@@ -43,6 +44,26 @@ def _elementwise(fn, doc: str | None = None):
 
     method.__doc__ = doc
     return method
+
+
+def _applied(fn, exprs: tuple, widths: tuple | None = None, options: tuple = ()) -> sympy.Expr:
+    """``fn`` of the expressions, or with ``widths`` the feature-vector builder ``fn`` (``vectors``) of
+    them with keyword ``options``. Memoised: a sympy operation costs 20-50 us, and a formula written
+    in a loop repeats the same ones call after call (expressions compare structurally, by type too)."""
+    try:
+        hash(options)
+    except TypeError:  # an unhashable option (a list index): computed uncached
+        return _apply(fn, exprs, widths, options)
+    return _applied_cached(fn, exprs, widths, options)
+
+
+def _apply(fn, exprs: tuple, widths: tuple | None, options: tuple) -> sympy.Expr:
+    if widths is None:
+        return fn(*(ir.numeric(e) for e in exprs))
+    return fn(*(vectors.Vec(ir.numeric(e), w) for e, w in zip(exprs, widths)), **dict(options))
+
+
+_applied_cached = functools.lru_cache(maxsize=4096)(_apply)
 
 
 class LazyTensor:
@@ -133,20 +154,18 @@ class LazyTensor:
         return variables.from_numpy(self.variables)
 
     def _unary(self, fn) -> "LazyTensor":
-        return LazyTensor._build(lambda a: fn(ir.numeric(a)), self)
+        return LazyTensor._build(lambda a: _applied(fn, (a,)), self)
 
     def _binary(self, other, fn, reverse: bool = False) -> "LazyTensor":
         other = as_lazy(other)
         a, b = (other, self) if reverse else (self, other)
-        return LazyTensor._build(lambda x, y: fn(ir.numeric(x), ir.numeric(y)), a, b)
+        return LazyTensor._build(lambda x, y: _applied(fn, (x, y)), a, b)
 
     def _vector(self, builder, *others, **arguments) -> "LazyTensor":
         """The feature-vector operation ``builder`` (see ``vectors``) of self and ``others``."""
         operands = (self, *(as_lazy(o) for o in others))
-        def make(*exprs):
-            return builder(*(vectors.Vec(ir.numeric(e), o.width) for e, o in zip(exprs, operands)), **arguments)
-
-        return LazyTensor._build(make, *operands)
+        widths, options = tuple(o.width for o in operands), tuple(sorted(arguments.items()))
+        return LazyTensor._build(lambda *exprs: _applied(builder, exprs, widths, options), *operands)
 
     # -- arithmetic and elementwise functions -------------------------------------
     __add__, __radd__ = _operator(operator.add), _operator(operator.add, reverse=True)
