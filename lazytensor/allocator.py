@@ -7,8 +7,8 @@ buffers go back to the system and are page-faulted in again, zeroed: the
 README's RBF product, eager, 8192^2, 2 threads, took 1.2-2.0 s a call with
 220,000-310,000 page faults in such a process, 0.4-0.6 s in the others (3 of
 9 fresh processes hit it; none of 7 with the thresholds fixed). The mmap
-threshold sits above the largest tile buffer (eager intermediates up to
-``plan.TILE_BUDGET_BYTES``, the quantile's 64 x 8192 x ranks index tiles):
+threshold sits above the tile buffers (eager intermediates within the eager
+budget, at most 32 MiB in all, ``plan``; the quantile's 64 x 8192 x ranks index tiles):
 at 4 MiB the quantile's 12 MiB tile buffers were mapped and page-faulted in
 anew every tile (5.6 million faults a counting pass at 20000^2, 14 s against
 5.6 s at 32 MiB); eager passes measured the same either way.

@@ -1,0 +1,110 @@
+"""What a call does that depends only on the formula is done once: routes and caches, never timings.
+
+A pass nothing differentiates skips the autograd function (but a gradient,
+a forward-mode tangent or a torch.func transform still goes through it);
+formula building, tile plans and masks are reused from one call to the next
+without mixing up what differs.
+"""
+import pytest
+import torch
+from torch.autograd import forward_ad
+
+import lazytensor as lt
+from lazytensor import autograd, engine, plan
+
+
+def _rbf(x, y):
+    return (-0.5 * lt.Vi(x).sqdist(lt.Vj(y))).exp()
+
+
+def _dense_rbf(x, y):
+    return torch.exp(-0.5 * ((x[:, None] - y[None]) ** 2).sum(-1))
+
+
+@pytest.fixture
+def applies(monkeypatch):
+    """How many passes went through the autograd function."""
+    count = []
+    apply = autograd.Streamed.apply
+
+    def counted(*args):
+        count.append(1)
+        return apply(*args)
+
+    monkeypatch.setattr(autograd.Streamed, "apply", counted)
+    return count
+
+
+def test_a_pass_nothing_differentiates_skips_the_autograd_function(applies):
+    x, y, b = torch.randn(7, 3), torch.randn(9, 3), torch.randn(9, 2)
+    torch.testing.assert_close(_rbf(x, y) @ b, _dense_rbf(x, y) @ b)
+    assert not applies
+    x.requires_grad_()
+    with torch.no_grad():
+        _rbf(x, y) @ b
+    assert not applies
+    out = _rbf(x, y) @ b
+    assert len(applies) == 1 and out.requires_grad
+    (g,) = torch.autograd.grad(out.sum(), x)
+    (expected,) = torch.autograd.grad((_dense_rbf(x, y) @ b).sum(), x)
+    torch.testing.assert_close(g, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_forward_mode_dual_tensors_get_their_tangents(applies, dtype):
+    """``torch.autograd.forward_ad`` (not a torch.func transform) still reaches the function's jvp."""
+    x, y, b, t = (torch.randn(s, dtype=dtype) for s in ((6, 3), (11, 3), (11, 2), (6, 3)))
+    with forward_ad.dual_level():
+        out = _rbf(forward_ad.make_dual(x, t), y) @ b
+        tangent = forward_ad.unpack_dual(out).tangent
+        expected = forward_ad.unpack_dual(_dense_rbf(forward_ad.make_dual(x, t), y) @ b).tangent
+    assert applies and tangent is not None
+    torch.testing.assert_close(tangent, expected)
+
+
+def test_torch_func_transforms_go_through_the_function(applies):
+    x, y, b = torch.randn(5, 3), torch.randn(8, 3), torch.randn(8, 1)
+    g = torch.func.grad(lambda x: (_rbf(x, y) @ b).sum())(x)
+    expected = torch.func.grad(lambda x: (_dense_rbf(x, y) @ b).sum())(x)
+    assert applies
+    torch.testing.assert_close(g, expected)
+
+
+def test_a_formula_built_twice_shares_its_expression_and_keeps_constants_apart():
+    x, y = torch.randn(4, 3), torch.randn(5, 3)
+    assert _rbf(x, y).expr is _rbf(x, y).expr  # the sympy work is memoised
+    as_int, as_float = lt.Vi(x).sqnorm2() + 1, lt.Vi(x).sqnorm2() + 1.0
+    assert as_int.expr != as_float.expr  # Integer 1 and Float 1.0 are different keys
+    sliced = lt.Vi(x)[0:2]  # a slice option is unhashable (Python 3.11): built without the cache, twice
+    assert sliced.expr == lt.Vi(x)[0:2].expr
+    torch.testing.assert_close((sliced.sqnorm2() * lt.Vj(torch.ones(3, 1))).sum(1), 3 * (x[:, :2] ** 2).sum(1, keepdim=True))
+
+
+def test_cached_tile_plans_follow_the_budgets_in_force(monkeypatch):
+    x, y = torch.randn(3000, 3), torch.randn(3000, 3)
+    expected = (-0.5 * torch.cdist(x, y) ** 2).exp().sum(1, keepdim=True)
+    before = dict(engine.routes)
+    torch.testing.assert_close(_rbf(x, y).sum(1, backend="eager"), expected)
+    problem = lt.Vi(x).sqdist(lt.Vj(y))
+    consumers = []
+    first = plan.plan_tiles(_problem(problem), consumers, None, False)
+    monkeypatch.setattr(plan, "TILE_BUDGET_BYTES", 4096)
+    small = plan.plan_tiles(_problem(problem), consumers, None, False)
+    assert small.rows < first.rows
+    torch.testing.assert_close(_rbf(x, y).sum(1, backend="eager"), expected)  # many small row blocks, same sums
+    assert engine.routes["eager"] == before.get("eager", 0) + 2
+
+
+def _problem(formula):
+    from lazytensor import variables
+
+    return variables.problem(formula.variables, "j")[0]
+
+
+def test_unpadded_masks_are_marked_and_padded_ones_are_not():
+    full, padded = engine._valid(64, 64, torch.float32, torch.device("cpu"), 2), engine._valid(64, 50, torch.float32,
+                                                                                               torch.device("cpu"), 2)
+    assert full.unpadded and not padded.unpadded and padded.shape == (1, 1, 64, 1) and padded.sum() == 50
+    x, y, b = torch.randn(37, 3), torch.randn(1029, 3), torch.randn(1029, 4)
+    for backend in ("eager", "compiled"):  # eager blocks are cut to size; compiled ones padded (and always masked)
+        torch.testing.assert_close(_rbf(x, y).matmul(b, backend=backend), _dense_rbf(x, y) @ b)
