@@ -125,15 +125,13 @@ def build(path: Path, source: str, consumers, args: tuple, options: dict, eager:
             here = str(Path(__file__).resolve().parent.parent)  # the child imports this lazytensor, wherever it came from
             env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1", OMP_NUM_THREADS="1",
                        PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
-            threads.niced_builds += 1
-            threads.forget()
+            threads.forget()  # a build at SCHED_IDLE takes no core from a pass (``threads``); the next look says so
             try:
                 proc = subprocess.run([sys.executable, "-c", _CHILD, str(job)], env=env, capture_output=True,
                                       text=True, timeout=BUILD_TIMEOUT_SECONDS)
             except subprocess.TimeoutExpired:
                 return None
             finally:
-                threads.niced_builds -= 1
                 threads.forget()
                 job.unlink(missing_ok=True)
             if proc.returncode == _EXPORT_FAILED:  # the same job fails every time: do not try again

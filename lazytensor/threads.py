@@ -7,8 +7,11 @@ with one of two cores busy, dense 2.8 s; with this module the later calls slow d
 busy against quiet, dense 1.15-1.5x: ``python -m harness operators --first-call --busy``,
 docs/performance.md). A pass therefore counts the
 tasks runnable on the machine right now (``/proc/loadavg``), less this
-process's own, plus this process's background compiles (they take a core
-too), less its niced kernel builds (they take none), and runs with the cores left, at least one. It looks again at each row
+process's own and, where that leaves any, less those of the idle scheduling
+class (kernel builds, ours or anyone's: ``aot`` builds at ``SCHED_IDLE``, and
+they get a core only when nothing else wants it), plus this process's
+background compiles (they take a core too), and runs with the cores left,
+at least one. It looks again at each row
 block (at most every ``RECHECK_SECONDS``), and torch's setting is restored
 when the pass ends. Compiled kernels read the thread count when they run
 (``inductor.COMPILE_OPTIONS``) and are compiled without dynamo's guard on it
@@ -25,7 +28,7 @@ import torch
 
 RECHECK_SECONDS = 0.1
 background_compiles = 0  # compiles running in this process's background threads (compile keeps it)
-niced_builds = 0  # kernel builds in child processes at the lowest priority (aot keeps it): they yield the cores
+_SCHED_IDLE = "5"  # a task's scheduling policy, field 41 of /proc/PID/task/TID/stat
 _seen = [-math.inf, 0, 0]  # (when, threads wanted, threads granted)
 _wanted: list[int] = []  # torch's thread count when the outermost pass began (a stack of one)
 
@@ -61,7 +64,38 @@ def _measure(wanted: int) -> int:
         cores = len(os.sched_getaffinity(0))
     except (OSError, ValueError, IndexError, AttributeError):  # not Linux: keep torch's setting
         return wanted
-    return threads_left(wanted, cores, runnable - max(own, 1) + background_compiles - niced_builds)
+    others = runnable - max(own, 1)
+    if others > 0:
+        others = min(others, _runnable_elsewhere())
+    return threads_left(wanted, cores, others + background_compiles)
+
+
+def _runnable_elsewhere() -> int:
+    """Runnable tasks of other processes, those of the idle scheduling class left out.
+
+    Read only when the load average counts other runnable tasks (~1 ms for a
+    hundred tasks, at most every ``RECHECK_SECONDS``): a kernel build with its
+    compiler processes, niced to ``SCHED_IDLE``, counted as load halved the
+    threads of the eager passes it exists to speed up (the distance sum at
+    16384^2 ran 0.5-0.7 s a call against 0.3 s), and orphaned builds of
+    processes that had exited did the same to the next process."""
+    me, count = str(os.getpid()), 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid == me:
+            continue
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                    count += counts_as_load(fh.read())
+        except (OSError, IndexError):  # the task ended while we looked
+            continue
+    return count
+
+
+def counts_as_load(stat: str) -> bool:
+    """Whether the task of this ``/proc/.../stat`` line is runnable and not of the idle scheduling class."""
+    fields = stat.rsplit(")", 1)[1].split()  # from field 3 (the state) on; the command name may hold spaces
+    return fields[0] == "R" and fields[38] != _SCHED_IDLE
 
 
 @contextlib.contextmanager

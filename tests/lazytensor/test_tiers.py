@@ -230,3 +230,31 @@ def test_set_compile_after_is_the_auto_tiers_threshold(monkeypatch):
     for bad in (-1, True, "1", math.nan):
         with pytest.raises(ValueError, match="seconds"):
             compile.set_compile_after(bad)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE") or not os.path.exists("/proc/self/stat"), reason="Linux scheduling classes")
+@pytest.mark.parametrize("idle", [False, True])
+def test_idle_class_tasks_do_not_count_as_load(idle):
+    """A busy task at SCHED_IDLE (a kernel build, ours or another process's) takes no core from a pass."""
+    import subprocess
+    import sys
+    import time
+
+    code = "while True: pass"
+    if idle:
+        code = "import os; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n" + code
+    spinner = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            time.sleep(0.2)
+            with open(f"/proc/{spinner.pid}/stat") as fh:
+                stat = fh.read()
+            policy_set = stat.rsplit(")", 1)[1].split()[38] == ("5" if idle else "0")
+            if policy_set or time.monotonic() > deadline:
+                break
+        assert policy_set and stat.rsplit(")", 1)[1].split()[0] == "R"  # a busy loop is always runnable
+        assert threads.counts_as_load(stat) is (not idle)
+    finally:
+        spinner.kill()
+        spinner.wait()
