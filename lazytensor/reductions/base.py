@@ -39,15 +39,18 @@ def masked(t, mask: torch.Tensor, fill: float) -> torch.Tensor:
     """
     if not isinstance(t, torch.Tensor):  # a formula sympy folded to a constant
         t = mask.new_full((), t)
-    elif not torch.compiler.is_compiling() and _covers(t.shape, mask.shape) and _unpadded(mask):
+    elif _covers(t.shape, mask.shape) and not maybe_padded(mask):
         return t  # an eager tile without padding: nothing to mask, and a pass over the tile saved
     return torch.where(mask > 0, t, fill)
 
 
-def _unpadded(mask: torch.Tensor) -> bool:
-    """Whether ``mask`` is all ones: as the engine marked it (``engine._valid``), else asked of the tensor."""
+def maybe_padded(mask: torch.Tensor) -> bool:
+    """Whether a tile may have padded positions: always when compiled (one kernel serves every
+    tile), else unless ``mask`` is all ones, as the engine marked it (``engine._valid``) or the tensor says."""
+    if torch.compiler.is_compiling():
+        return True
     known = getattr(mask, "unpadded", None)
-    return bool(mask.all()) if known is None else known
+    return not (bool(mask.all()) if known is None else known)
 
 
 def _covers(shape: torch.Size, mask: torch.Size) -> bool:
