@@ -78,7 +78,7 @@ def ordered_keys(f: torch.Tensor) -> torch.Tensor:
 
     """
     itype, top = (torch.int32, 31) if f.dtype == torch.float32 else (torch.int64, 63)
-    bits = f.contiguous().view(itype)
+    bits = f.view(itype)  # same element size: any strides
     return bits ^ ((bits >> top) & ((1 << top) - 1))
 
 

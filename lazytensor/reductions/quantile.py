@@ -126,14 +126,18 @@ class Candidates(_PerTarget):
 
     def partial(self, values, mask):
         f, low, high, need = values
-        f = masked(f, mask, math.nan).repeat(1, 1, 1, self.ranks)  # (B, n, m, R*C)
+        # Laid out (B, n, R*C, m), columns innermost, so the comparisons with the per-row bounds vectorize
+        # along them (laid out (B, n, m, R*C), ATen looped over 3 ranks at a time: the eager pass took 4.9 s
+        # of a 3-rank quantile's 7.6 at 8192^2); the selection reads it as (B, n, m, R*C).
+        f = masked(f, mask, math.nan).transpose(2, 3).repeat(1, 1, self.ranks, 1)
+        low, high = low.transpose(2, 3), high.transpose(2, 3)
         keys = ordered_keys(f)
         real = ~is_nan(f)
         inside = (keys >= low) & (keys <= high) & real
-        chosen = torch.where(inside, f, math.nan)  # NaN sorts last: outsiders are never picked
-        best, where = padded(*smallest(chosen, min(CANDIDATES + 1, f.shape[2])), CANDIDATES + 1)  # ties: lowest index
-        above, above_at = torch.where((keys > high) & real, f, math.inf).min(2)
-        return best, where, inside.sum(2), above, above_at, need[:, :, 0], is_nan(masked(values[0], mask, 0.0)).any(2)
+        chosen = torch.where(inside, f, math.nan).transpose(2, 3)  # NaN sorts last: outsiders are never picked
+        best, where = padded(*smallest(chosen, min(CANDIDATES + 1, chosen.shape[2])), CANDIDATES + 1)  # ties: lowest index
+        above, above_at = torch.where((keys > high) & real, f, math.inf).min(3)
+        return best, where, inside.sum(3), above, above_at, need[:, :, 0], is_nan(masked(values[0], mask, 0.0)).any(2)
 
     def combine(self, state, partial, offset):
         best, where, count, above, above_at, need, nan = partial
