@@ -10,7 +10,7 @@ import torch
 from torch.autograd import forward_ad
 
 import lazytensor as lt
-from lazytensor import autograd, engine, plan
+from lazytensor import autograd, engine, plan, variables
 
 
 def _rbf(x, y):
@@ -85,19 +85,16 @@ def test_cached_tile_plans_follow_the_budgets_in_force(monkeypatch):
     expected = (-0.5 * torch.cdist(x, y) ** 2).exp().sum(1, keepdim=True)
     before = dict(engine.routes)
     torch.testing.assert_close(_rbf(x, y).sum(1, backend="eager"), expected)
-    problem = lt.Vi(x).sqdist(lt.Vj(y))
-    consumers = []
-    first = plan.plan_tiles(_problem(problem), consumers, None, False)
+    problem = _problem(lt.Vi(x).sqdist(lt.Vj(y)))
+    first = plan.plan_tiles(problem, [], None, False)
     monkeypatch.setattr(plan, "TILE_BUDGET_BYTES", 4096)
-    small = plan.plan_tiles(_problem(problem), consumers, None, False)
+    small = plan.plan_tiles(problem, [], None, False)
     assert small.rows < first.rows
     torch.testing.assert_close(_rbf(x, y).sum(1, backend="eager"), expected)  # many small row blocks, same sums
     assert engine.routes["eager"] == before.get("eager", 0) + 2
 
 
 def _problem(formula):
-    from lazytensor import variables
-
     return variables.problem(formula.variables, "j")[0]
 
 
