@@ -148,7 +148,7 @@ def run_one(workload: str, backend: str, n: int, dtype_name: str, threads: int, 
     if backend == "lazytensor":  # a compile thread still running at exit aborts the process
         lazytensor.compile.wait_for_background_compiles()
     return {"workload": workload, "backend": backend, "n": n, "dtype": dtype_name, "threads": threads,
-            "first_s": round(first, 3), "steady_s": round(statistics.median(samples), 3),
+            "first_s": round(first, 3), "steady_s": round(statistics.median(samples), 3) if samples else None,
             "samples_s": [round(s, 3) for s in samples], "value": value}
 
 
@@ -158,7 +158,7 @@ def main() -> None:
     parser = arguments(__doc__, threads=1)
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    parser.add_argument("--repeats", type=int, default=2, help="steady-state calls after the first")
+    parser.add_argument("--repeats", type=int, default=2, help="steady-state calls after the first (0: the first call only)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per (workload, backend) run")
