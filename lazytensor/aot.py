@@ -63,9 +63,21 @@ def _spec(t) -> tuple:
     return (tuple(t.shape), t.stride(), str(t.dtype))
 
 
-def _tensors(args) -> list:
-    """The tile's tensors in the order the package takes them (absent states are no input)."""
-    return [t for t in pytree.tree_leaves(args) if t is not None]
+def _tensors(args, out=None) -> list:
+    """The tile's tensors in the order the package takes them (absent states are no input): the leaves
+    of its nested lists and tuples, in order (as ``pytree.tree_leaves``, at a quarter of its ~20 us a call)."""
+    out = [] if out is None else out
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            _tensors(a, out)
+    return out
+
+
+def _layout(tensors: list) -> list:
+    """What a package's tiles must match, cheaply compared every call."""
+    return [(t.shape, t.stride(), t.dtype) for t in tensors]
 
 
 def _cache_dir() -> Path:
@@ -92,12 +104,12 @@ class Package:
     def __init__(self, path: Path, args: tuple, eager: Callable):
         self.runner = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
         self.outputs = pytree.treespec_loads(self.runner.get_call_spec()[1])
-        self.specs = [_spec(t) for t in _tensors(args)]
+        self.layout = _layout(_tensors(args))
         self.eager = eager
 
     def __call__(self, *args):
         tensors = _tensors(args)
-        if [_spec(t) for t in tensors] != self.specs:
+        if _layout(tensors) != self.layout:
             return self.eager(*args)
         return pytree.tree_unflatten(self.runner.run(tensors), self.outputs)
 
