@@ -1,5 +1,6 @@
 """Exact streamed quantile == torch.quantile: values, gradients, ties, q=0/1, NaN, errors."""
 import math
+import unittest.mock
 
 import pytest
 import torch
@@ -139,3 +140,43 @@ def test_compiled_quantile():
     q = torch.tensor([0.1, 0.5])
     out = lt.distance_quantile(x, y, q, backend="compiled", chunk_size=(16, 64))
     torch.testing.assert_close(out, reference(direct_distances(x, y), q), rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    m=st.integers(1, 90),
+    channels=st.integers(1, 2),
+    levels=st.integers(1, 30),
+    nan=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_eager_candidates_agree_with_the_compiled_selection(m, channels, levels, nan, seed):
+    """One candidates tile both ways: eager (the in-bracket entries gathered, the key above by bit operations)
+    and as a compiled tile selects them (the smallest of every column), on rows with ties and NaN, brackets
+    of up to CANDIDATES values or of one repeated key."""
+    gen = torch.Generator().manual_seed(seed)
+    ranks, rows = 3, 4
+    f = torch.randint(-levels, levels + 1, (1, rows, m, channels), generator=gen).float() / 3
+    if nan:
+        f[0, 1, m // 2, 0] = math.nan
+    keys = quantile_module.ordered_keys(f).transpose(2, 3)  # (1, rows, C, m)
+    ends = torch.randint(0, m, (2, 1, rows, ranks, channels), generator=gen).sort(0).values
+    low, high = (keys.sort(-1).values.gather(-1, e.transpose(2, 3).reshape(1, rows, 1, -1).expand(1, rows, 1, -1)
+                                                 .view(1, rows, ranks, channels).transpose(2, 3)).transpose(2, 3)
+                 for e in ends)
+    low, high = (t.reshape(1, rows, 1, ranks * channels) for t in (low, high))
+    if m > quantile_module.CANDIDATES:  # as the counting passes leave them: at most CANDIDATES values, or one key
+        high = low
+    need = torch.randint(0, 3, (1, rows, 1, ranks * channels), generator=gen)
+    mask = torch.ones(1, 1, m, 1)
+    mask.unpadded = True
+    consumer = quantile_module.Candidates(None, channels=channels, ranks=ranks)
+    eager = consumer.partial([f, low, high, need], mask)
+    with unittest.mock.patch("torch.compiler.is_compiling", return_value=True):
+        compiled = consumer.partial([f, low, high, need], mask)
+    (best, where, count, above, above_at, _, flags), (best2, where2, count2, above2, above_at2, _, flags2) = eager, compiled
+    real = ~best2.isnan()
+    torch.testing.assert_close(best, best2, equal_nan=True)
+    assert torch.equal(where[real], where2[real]) and torch.equal(count, count2) and torch.equal(flags, flags2)
+    torch.testing.assert_close(above, above2)
+    assert torch.equal(above_at[above.isfinite()], above_at2[above.isfinite()])
