@@ -77,30 +77,32 @@ class Histogram(_PerTarget):
     ``torch.where`` took four passes over the (rows, ranks, columns) tile, and
     ATen's CPU ``where`` is slow (eager, 64 x 8192 tiles of 3 ranks: 7 ms a tile).
 
-    ``shared``: every rank's bracket is the same (the first pass buckets all
-    keys), so one histogram per channel serves them all (a third of the
-    scatter work for 3 ranks).
+    ``origin`` is each bracket's base minus one, in int64, so that the key's
+    slot comes out of one subtraction as the scatter's index type. The
+    ``first`` pass's bracket is every rank's (all keys), so one histogram per
+    channel serves them all (a third of the scatter work for 3 ranks), and it
+    alone looks for NaN: later passes evaluate the same values.
     """
 
     name, size = "quantile-histogram", BITS
 
-    def __init__(self, expr, *per_row, channels: int, ranks: int, shared: bool):
+    def __init__(self, expr, *per_row, channels: int, ranks: int, first: bool):
         super().__init__(expr, *per_row, channels=channels, ranks=ranks)
-        self.brackets = 1 if shared else ranks
-        self.signature = (*self.signature, self.brackets)
+        self.first = first
+        self.brackets = 1 if first else ranks
+        self.signature = (*self.signature, first)
 
     def partial(self, values, mask):
-        f, base, need, shift = values
+        f, origin, need, shift = values
         f = masked(f, mask, 0.0)  # padding: a number (eager tiles have none)
         keys = ordered_keys(f).transpose(2, 3).unsqueeze(2)  # (B, n, 1, C, m)
-        base = _by_target(base, self.channels)[:, :, : self.brackets]
-        slot = ((keys >> shift) - base + 1).clamp_(0, BUCKETS + 1)
+        slot = ((keys >> shift) - _by_target(origin, self.channels)[:, :, : self.brackets]).clamp_(0, BUCKETS + 1)
         if maybe_padded(mask):
             slot = slot * (mask > 0).view(1, 1, 1, 1, -1)  # padded columns count below the bracket
-        index = slot.flatten(2, 3).long()
+        index = slot.flatten(2, 3)
         hist = torch.zeros(*index.shape[:3], BUCKETS + 2, dtype=torch.int64, device=f.device)
         hist = hist.scatter_add(3, index, torch.ones((), dtype=torch.int64, device=f.device).expand_as(index))
-        return hist, need[:, :, 0], is_nan(f).any(2)
+        return hist, need[:, :, 0], is_nan(f).any(2) if self.first else _none_nan(need, self.channels)
 
     def combine(self, state, partial, offset):
         if state is None:
@@ -136,6 +138,11 @@ class Candidates(_PerTarget):
 
     name, size = "quantile-candidates", CANDIDATES
 
+    def __init__(self, expr, *per_row, channels: int, ranks: int, first: bool):
+        super().__init__(expr, *per_row, channels=channels, ranks=ranks)
+        self.first = first  # no counting pass before it: it looks for NaN
+        self.signature = (*self.signature, first)
+
     def partial(self, values, mask):
         f, low, high, need = values
         # Laid out (B, n, R*C, m), columns innermost, so the comparisons with the per-row bounds vectorize
@@ -157,7 +164,8 @@ class Candidates(_PerTarget):
         above_key, above_at = _least_selected(keys, (keys > high) & real)
         above = f.expand(*above_at.shape, f.shape[3]).gather(3, above_at.unsqueeze(3)).squeeze(3)
         above = torch.where(above_key == torch.iinfo(keys.dtype).max, math.inf, above)
-        return best, where, count, above, above_at, need[:, :, 0], is_nan(masked(values[0], mask, 0.0)).any(2)
+        nan = is_nan(masked(values[0], mask, 0.0)).any(2) if self.first else _none_nan(need, self.channels)
+        return best, where, count, above, above_at, need[:, :, 0], nan
 
     def combine(self, state, partial, offset):
         best, where, count, above, above_at, need, nan = partial
@@ -186,6 +194,11 @@ class Candidates(_PerTarget):
         next_value, next_index = torch.where(beyond, above, next_value), torch.where(beyond, above_at, next_index)
         out = (t.expand(shape).contiguous() for t in (value, index, next_value, next_index))
         return (*out, nan.expand(batch, rows, self.channels).contiguous())
+
+
+def _none_nan(need: torch.Tensor, channels: int) -> torch.Tensor:
+    """No NaN flags (B, n, C) for a pass after the first: the first pass's flags hold for every pass."""
+    return torch.zeros_like(need[:, :, 0, :channels], dtype=torch.bool)
 
 
 def _first_in_bracket(f: torch.Tensor, inside: torch.Tensor):
@@ -255,10 +268,10 @@ def select_ranks(expr: sympy.Expr, problem: Problem, ranks: torch.Tensor, *, bac
     count_max = m
     while count_max > CANDIDATES:
         passing, (vb, vn, vs) = _with_variables(
-            problem, [(per_target(base), "i"), (per_target(rank - below, torch.int64), "i"),
+            problem, [(per_target(base - 1, torch.int64), "i"), (per_target(rank - below, torch.int64), "i"),
                       (torch.tensor([[shift]], dtype=itype, device=device), "p")]
         )
-        consumer = Histogram(expr, vb, vn, vs, channels=channels, ranks=nranks, shared=shift == nbits - BITS)
+        consumer = Histogram(expr, vb, vn, vs, channels=channels, ranks=nranks, first=shift == nbits - BITS)
         ((bucket, before, inside, nan_pass),) = engine.stream(passing, [consumer], backend=backend, chunk_size=chunk_size,
                                                               sharding=sharding)
         unflat = lambda t: t.reshape(batch, n, nranks, channels)  # noqa: E731
@@ -274,7 +287,7 @@ def select_ranks(expr: sympy.Expr, problem: Problem, ranks: torch.Tensor, *, bac
     passing, (vl, vh, vn) = _with_variables(
         problem, [(per_target(low), "i"), (per_target(high), "i"), (per_target(rank - below, torch.int64), "i")]
     )
-    consumer = Candidates(expr, vl, vh, vn, channels=channels, ranks=nranks)
+    consumer = Candidates(expr, vl, vh, vn, channels=channels, ranks=nranks, first=m <= CANDIDATES)
     ((value, index, next_value, next_index, nan_pass),) = engine.stream(passing, [consumer], backend=backend,
                                                                        chunk_size=chunk_size, sharding=sharding)
     shape = (batch, n, nranks, channels)
