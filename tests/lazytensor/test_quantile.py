@@ -171,7 +171,7 @@ def test_eager_candidates_agree_with_the_compiled_selection(m, channels, levels,
     need = torch.randint(0, 3, (1, rows, 1, ranks * channels), generator=gen)
     mask = torch.ones(1, 1, m, 1)
     mask.unpadded = True
-    consumer = quantile_module.Candidates(None, channels=channels, ranks=ranks, first=True)
+    consumer = quantile_module.Candidates(None, channels=channels, ranks=ranks)
     eager = consumer.partial([f, low, high, need], mask)
     with unittest.mock.patch("torch.compiler.is_compiling", return_value=True):
         compiled = consumer.partial([f, low, high, need], mask)
