@@ -78,10 +78,11 @@ class Histogram(_PerTarget):
     ATen's CPU ``where`` is slow (eager, 64 x 8192 tiles of 3 ranks: 7 ms a tile).
 
     ``origin`` is each bracket's base minus one, in int64: the key's slot is
-    one subtraction (into the scatter's index type) and a clamp. The ``first`` pass's bracket is every rank's
-    (all keys), so one histogram per channel serves them all (a third of the
-    scatter work for 3 ranks), and it alone of the counting passes looks for
-    NaN: later passes evaluate the same values.
+    one subtraction (into the scatter's index type) and a clamp. The
+    ``first`` pass's bracket is every rank's (all keys), so one histogram per
+    channel serves them all (a third of the scatter work for 3 ranks), and it
+    alone of the counting passes looks for NaN: later passes evaluate the
+    same values.
     """
 
     name, size = "quantile-histogram", BITS
