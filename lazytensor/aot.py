@@ -59,10 +59,6 @@ def _code_version() -> str:
     return digest.hexdigest()
 
 
-def _spec(t) -> tuple:
-    return (tuple(t.shape), t.stride(), str(t.dtype))
-
-
 def _tensors(args, out=None) -> list:
     """The tile's tensors in the order the package takes them (absent states are no input): the leaves
     of its nested lists and tuples, in order (as ``pytree.tree_leaves``, at a quarter of its ~20 us a call)."""
@@ -76,7 +72,8 @@ def _tensors(args, out=None) -> list:
 
 
 def _layout(tensors: list) -> list:
-    """What a package's tiles must match, cheaply compared every call."""
+    """Shapes, strides and dtypes: what a package's tiles must match (compared every call) and, as
+    plain values, part of its key."""
     return [(t.shape, t.stride(), t.dtype) for t in tensors]
 
 
@@ -90,7 +87,8 @@ def _cache_dir() -> Path:
 
 def package_path(source: str, consumers, args: tuple, options: dict) -> Path:
     """Where the package of this tile function, on tiles like ``args``, lives (or will)."""
-    tiles = [_spec(t) for t in _tensors(args)], str(pytree.tree_structure(args))
+    tiles = [(tuple(shape), stride, str(dtype)) for shape, stride, dtype in _layout(_tensors(args))]
+    tiles = tiles, str(pytree.tree_structure(args))
     key = pickle.dumps((source, consumers, tiles, sorted(options.items()), torch.__version__, sys.version, _code_version()))
     return _cache_dir() / "lazytensor-aot" / f"{hashlib.sha256(key).hexdigest()[:32]}.pt2"
 
