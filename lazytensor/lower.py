@@ -419,7 +419,7 @@ def tile_function_source(consumers, exprs, info, order, *, expand: bool = True, 
     outputs = []
     for k, consumer in enumerate(consumers):
         values = [src.emit(e) for e in exprs[k]]
-        which = "rowmask" if consumer.reduced_axis == "i" else "mask"
+        which = consumer.tile_masks
         if consumer.reads_pairs:
             src.lines.extend(_pairs_function(f"at{k}", exprs[k], info, order))
             which += f", at{k}"

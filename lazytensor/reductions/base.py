@@ -110,6 +110,11 @@ class Consumer:
     # direct differences, where equal points give equal values (the norm expansion rounds them apart).
     compares_values = False
 
+    @property
+    def tile_masks(self) -> str:
+        """The masks ``partial`` takes after the values: the reduced axis's (rows over i, columns over j)."""
+        return "rowmask" if self.reduced_axis == "i" else "mask"
+
     def partial(self, values, mask):
         raise NotImplementedError
 

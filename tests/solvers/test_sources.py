@@ -140,6 +140,24 @@ def test_gram_is_one_pass_with_padded_tiles(backend):
     torch.testing.assert_close(fast, K.T @ (K @ V), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["eager", "compiled"])
+@pytest.mark.parametrize("dtype_acc", [None, torch.float64])
+def test_normal_product_ignores_what_a_formula_makes_of_padding(backend, dtype_acc):
+    """Kernel NaN and weights infinite at zero-padded columns (y = 0), ragged rows and columns: exact."""
+    from lazytensor.reductions.normal import normal_product
+
+    X, Y, V, _ = _data(45, 21, 3, 2, dtype=torch.float32)
+    x, y = lt.Vi(X), lt.Vj(Y)
+    K = (-x.sqdist(y)).exp() + (x | y) / y.sqnorm2()
+    W = lt.Vj(V) / lt.Vj(Y[:, :1])
+    got = normal_product(K * W, backend=backend, dtype_acc=dtype_acc)  # compiled: columns padded to 32
+    Xd, Yd = X.double(), Y.double()
+    Kd = torch.exp(-torch.cdist(Xd, Yd).square()) + Xd @ Yd.T / Yd.square().sum(1)
+    want = Kd.T @ (Kd @ (V.double() / Yd[:, :1]))
+    assert got.dtype == (dtype_acc or torch.float32) and torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=0)
+
+
 def test_normal_product_refuses_what_it_cannot_fuse():
     from lazytensor.reductions.normal import normal_product
 
