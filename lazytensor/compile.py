@@ -43,6 +43,12 @@ AUTO_COMPILE_MIN_PAIRS = 1 << 16
 # from this size on, where one compile pays for itself within the call.
 SHARDED_COMPILE_MIN_PAIRS = 1 << 22
 COMPILE_AFTER_SECONDS = 1.0
+# A kernel build runs at SCHED_IDLE (``aot``): while passes keep every core busy it gets none, so a long
+# fit ran eager to its end (landmark ridge at n = 10^5: 31 eager passes, 83 s). Once passes have run
+# eager this long while a build was pending, they leave it a core until no build is pending. About
+# what one core's share of a build costs the passes (build ~15-20 s on one of two cores, compiled tiles
+# 2-4x eager), so it is paid once the eager work already waited says as much is still to come.
+BUILD_CORE_AFTER_SECONDS = 10.0
 _CACHE: OrderedDict[tuple, Callable] = OrderedDict()
 _LOCK = threading.RLock()
 stats = {"built": 0, "fallbacks": 0}  # kernels generated (cache misses) and compile failures
@@ -149,7 +155,8 @@ class CompiledKernel:
         """A package built by a niced child process (``aot``); where that fails, torch.compile in this thread."""
         try:
             if aot.available(args[-1].device):
-                self._use(aot.build(self._package_path(args), self.source, self.consumers, args, self.options, self.eager))
+                self._use(aot.build(self._package_path(args), self.source, self.consumers, args, self.options, self.eager,
+                                    priority=lambda: eager_seconds(self.formula)))  # the costliest formula first
             if self.fn is None:
                 with _BACKGROUND.compiling_here():
                     self._compiled_call(args)
@@ -181,13 +188,21 @@ class _Background:
     """Background compiles in flight (``wait`` blocks until none is). While one compiles in this process
     (not in a child: ``aot``), the interpreter switches threads every ``SWITCH_SECONDS`` instead of
     every 5 ms: the caller's eager tiles give up the GIL inside each ATen op, and with the default
-    interval each op's return could wait 5 ms for the compiler's Python to yield it back."""
+    interval each op's return could wait 5 ms for the compiler's Python to yield it back.
+    The cores a background compile takes from the passes (``threads.background_compiles``): one per
+    compile in this process, and, in eager passes once such passes have run ``BUILD_CORE_AFTER_SECONDS``
+    while builds were pending, one for the builds (compiled passes keep every core)."""
 
     SWITCH_SECONDS = 2e-4
 
     def __init__(self):
         self.running, self.here, self.saved_interval = 0, 0, None
+        self.waited, self.build_core = 0.0, 0
         self.idle = threading.Condition(_LOCK)
+
+    def _take_cores(self) -> None:
+        threads.background_compiles = self.here + self.build_core
+        threads.forget()
 
     def start(self, thread: threading.Thread) -> None:
         with _LOCK:
@@ -198,7 +213,29 @@ class _Background:
         with _LOCK:
             self.running -= 1
             if self.running == 0:
+                self.waited, self.build_core = 0.0, 0
+                self._take_cores()
                 self.idle.notify_all()
+
+    @contextlib.contextmanager
+    def eager_pass(self):
+        """An auto-tier pass's eager tiles: they leave the builds a core once ``waited`` says so, until they end."""
+        try:
+            yield self._eager_while_building
+        finally:
+            with _LOCK:
+                if self.build_core:
+                    self.build_core = 0
+                    self._take_cores()
+
+    def _eager_while_building(self, seconds: float) -> None:
+        with _LOCK:
+            if self.running == 0:
+                return
+            self.waited += seconds
+            if self.waited >= BUILD_CORE_AFTER_SECONDS and not self.build_core:
+                self.build_core = 1
+                self._take_cores()
 
     @contextlib.contextmanager
     def compiling_here(self):
@@ -207,15 +244,13 @@ class _Background:
                 self.saved_interval = sys.getswitchinterval()
                 sys.setswitchinterval(min(self.saved_interval, self.SWITCH_SECONDS))
             self.here += 1
-            threads.background_compiles = self.here  # the compiler takes a core from the passes
-            threads.forget()
+            self._take_cores()  # the compiler takes a core from the passes
         try:
             yield
         finally:
             with _LOCK:
                 self.here -= 1
-                threads.background_compiles = self.here
-                threads.forget()
+                self._take_cores()
                 if self.here == 0:
                     sys.setswitchinterval(self.saved_interval)
 
@@ -225,6 +260,11 @@ class _Background:
 
 
 _BACKGROUND = _Background()
+
+
+def eager_pass():
+    """Around an auto-tier pass's eager tiles; yields ``ran(seconds)``, called as they run (``BUILD_CORE_AFTER_SECONDS``)."""
+    return _BACKGROUND.eager_pass()
 
 
 def wait_for_background_compiles(timeout: float | None = None) -> bool:

@@ -217,16 +217,22 @@ def _auto_tier(loop: "_TileLoop", problem: Problem, consumers, chunk_size, formu
             kernel = kernel or loop.kernel(compiled_plan, True)
             kernel.compile_in_background(loop.example_arguments(compiled_plan))
 
+    counted = [started]  # eager time up to here is on the builds' clock (``compile.eager_pass``)
+
     def switch(done_rows: int):
         """After each eager row block: start the compile once the time warrants it; the kernel once it is ready.
 
         Starting it inside the call, not after it, measured better: calls 2-3 at 16384^2 run compiled
         (RBF 0.69 s, k-min 0.18 s) where compiling after call 1 left call 2 eager (5.2 s, 3.9 s)."""
-        start_compile((time.perf_counter() - started) * n / max(done_rows, 1))
+        now = time.perf_counter()
+        ran(now - counted[0])
+        counted[0] = now
+        start_compile((now - started) * n / max(done_rows, 1))
         return kernel if kernel is not None and kernel.ready else None
 
-    switch(0)  # a formula compiled before (another tile shape) or already worth it starts at once
-    at = loop.run(plan_tiles(problem, consumers, chunk_size, False), False, switch=switch)
+    with compile.eager_pass() as ran:
+        switch(0)  # a formula compiled before (another tile shape) or already worth it starts at once
+        at = loop.run(plan_tiles(problem, consumers, chunk_size, False), False, switch=switch)
     if large:
         compile.record_eager(formula_key, time.perf_counter() - started)
     start_compile(time.perf_counter() - started)  # a one-row-block call decides from its whole time

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -105,7 +106,7 @@ def test_a_build_that_fails_is_marked_and_not_tried_again(tmp_path, monkeypatch)
     path = tmp_path / "broken.pt2"
     assert aot.build(path, broken, kernel.consumers, args, {}, kernel.eager) is None
     assert path.with_suffix(".failed").exists() and "undefined_name" in path.with_suffix(".failed").read_text()
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built again")))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built again")))
     assert aot.build(path, broken, kernel.consumers, args, {}, kernel.eager) is None
 
 
@@ -124,3 +125,31 @@ def test_the_tile_function_rebuilt_from_its_source_computes_the_same():
     rebuilt = lower.tile_function(kernel.source, kernel.consumers, "again")
     for a, b in zip(torch.utils._pytree.tree_leaves(rebuilt(*args)), torch.utils._pytree.tree_leaves(kernel.eager(*args))):
         torch.testing.assert_close(a, b)
+
+
+def test_the_most_wanted_build_goes_next_and_outranks_a_running_one():
+    turns, order, started = aot._Turns(), [], []
+
+    def wait_for_turn(priority):
+        started.append(priority)
+        with turns.turn(lambda: priority):
+            order.append(priority)
+
+    with turns.turn(lambda: 1.0) as outranked:
+        assert not outranked()
+        waiters = [threading.Thread(target=wait_for_turn, args=(p,)) for p in (1.5, 3.0)]
+        for t in waiters:
+            t.start()
+        while len(turns.waiting) < 2:
+            threading.Event().wait(0.01)
+        assert outranked()  # 3.0 waits: more than twice this build's 1.0
+    for t in waiters:
+        t.join(60)
+    assert order == [3.0, 1.5]
+
+
+def test_an_outranked_build_child_is_stopped(tmp_path, monkeypatch):
+    monkeypatch.setattr(aot, "_CHILD", "import time; time.sleep(600)")
+    assert aot._run_child(tmp_path / "job", lambda: True) is aot._OUTRANKED
+    monkeypatch.setattr(aot, "BUILD_TIMEOUT_SECONDS", 0)
+    assert aot._run_child(tmp_path / "job", lambda: False) is None  # out of time
