@@ -50,11 +50,11 @@ PACKAGE_OPTIONS = {"aot_inductor.compile_wrapper_opt_level": "O0"}
 
 class _Turns:
     """One build at a time (each child already uses a core); the next turn goes to the waiting build
-    whose ``priority()`` is highest then, and a running build whose priority a waiting one exceeds
-    ``OUTRANKED_BY`` times is stopped and queued again. The caller's builds had queued in the order
-    their passes asked, and a one-off formula's build (a fit's first product) held up the one every
-    iteration waited for: landmark ridge at n = 10^5 ran its normal product eager for 44 s, 33 s of
-    it behind such a build."""
+    whose ``priority()`` is highest then, and a running build that no pass has waited for since it
+    started, whose priority a waiting one exceeds ``OUTRANKED_BY`` times, is stopped and queued
+    again. The caller's builds had queued in the order their passes asked, and a one-off formula's
+    build (a fit's first product) held up the one every iteration waited for: landmark ridge at
+    n = 10^5 ran its normal product eager for 44 s, 33 s of it behind such a build."""
 
     def __init__(self):
         self.changed = threading.Condition()
@@ -70,16 +70,19 @@ class _Turns:
             if self.holder is None:
                 self._pass_on()
             self.changed.wait_for(lambda: self.holder is ticket)
+        at_start = priority()
         try:
-            yield lambda: self._outranked(priority())
+            yield lambda: self._outranked(at_start, priority())
         finally:
             with self.changed:
                 self.holder = None
                 self._pass_on()
 
-    def _outranked(self, mine: float) -> bool:
+    def _outranked(self, at_start: float, mine: float) -> bool:
+        """Only a build nobody has waited for since it started (its formula ran no more eager tiles:
+        a one-off) gives way; builds of formulas still running would take each other's turns forever."""
         with self.changed:
-            return mine > 0 and any(wanted() > OUTRANKED_BY * mine for wanted in self.waiting.values())
+            return 0 < mine <= at_start and any(wanted() > OUTRANKED_BY * mine for wanted in self.waiting.values())
 
     def _pass_on(self) -> None:
         if self.waiting:

@@ -44,11 +44,12 @@ AUTO_COMPILE_MIN_PAIRS = 1 << 16
 SHARDED_COMPILE_MIN_PAIRS = 1 << 22
 COMPILE_AFTER_SECONDS = 1.0
 # A kernel build runs at SCHED_IDLE (``aot``): while passes keep every core busy it gets none, so a long
-# fit ran eager to its end (landmark ridge at n = 10^5: 31 eager passes, 83 s). Once passes have run
-# eager this long while a build was pending, they leave it a core until no build is pending. About
-# what one core's share of a build costs the passes (build ~15-20 s on one of two cores, compiled tiles
-# 2-4x eager), so it is paid once the eager work already waited says as much is still to come.
-BUILD_CORE_AFTER_SECONDS = 10.0
+# fit ran eager to its end (landmark ridge at n = 10^6: every pass). An eager pass of a formula whose
+# build is pending therefore leaves it a core once the formula has cost this much eager time (a build
+# is ~20 s of one core). Measured, cold cache: at 10 s the quantile at 20000^2 (five formulas, three
+# calls) took 68-78 s against 53-56 s, its builds too late to pay back the halved passes; at 30 s it
+# takes 56 s, and landmark ridge still builds its product during its first pass at n = 10^6.
+BUILD_CORE_AFTER_SECONDS = 30.0
 _CACHE: OrderedDict[tuple, Callable] = OrderedDict()
 _LOCK = threading.RLock()
 stats = {"built": 0, "fallbacks": 0}  # kernels generated (cache misses) and compile failures
@@ -190,14 +191,14 @@ class _Background:
     every 5 ms: the caller's eager tiles give up the GIL inside each ATen op, and with the default
     interval each op's return could wait 5 ms for the compiler's Python to yield it back.
     The cores a background compile takes from the passes (``threads.background_compiles``): one per
-    compile in this process, and, in eager passes once such passes have run ``BUILD_CORE_AFTER_SECONDS``
-    while builds were pending, one for the builds (compiled passes keep every core)."""
+    compile in this process, and one during an eager pass that leaves it to its formula's pending
+    build (``BUILD_CORE_AFTER_SECONDS``; compiled passes keep every core)."""
 
     SWITCH_SECONDS = 2e-4
 
     def __init__(self):
         self.running, self.here, self.saved_interval = 0, 0, None
-        self.waited, self.build_core = 0.0, 0
+        self.build_core = 0
         self.idle = threading.Condition(_LOCK)
 
     def _take_cores(self) -> None:
@@ -213,28 +214,20 @@ class _Background:
         with _LOCK:
             self.running -= 1
             if self.running == 0:
-                self.waited, self.build_core = 0.0, 0
-                self._take_cores()
                 self.idle.notify_all()
 
     @contextlib.contextmanager
     def eager_pass(self):
-        """An auto-tier pass's eager tiles: they leave the builds a core once ``waited`` says so, until they end."""
+        """An auto-tier pass's eager tiles; yields ``leave_core(bool)``: whether they leave the builds a core now."""
         try:
-            yield self._eager_while_building
+            yield self._leave_core
         finally:
-            with _LOCK:
-                if self.build_core:
-                    self.build_core = 0
-                    self._take_cores()
+            self._leave_core(False)
 
-    def _eager_while_building(self, seconds: float) -> None:
+    def _leave_core(self, leave: bool) -> None:
         with _LOCK:
-            if self.running == 0:
-                return
-            self.waited += seconds
-            if self.waited >= BUILD_CORE_AFTER_SECONDS and not self.build_core:
-                self.build_core = 1
+            if self.build_core != leave:
+                self.build_core = int(leave)
                 self._take_cores()
 
     @contextlib.contextmanager
@@ -263,7 +256,7 @@ _BACKGROUND = _Background()
 
 
 def eager_pass():
-    """Around an auto-tier pass's eager tiles; yields ``ran(seconds)``, called as they run (``BUILD_CORE_AFTER_SECONDS``)."""
+    """Around an auto-tier pass's eager tiles; yields ``leave_core(bool)`` (``BUILD_CORE_AFTER_SECONDS``)."""
     return _BACKGROUND.eager_pass()
 
 

@@ -217,20 +217,20 @@ def _auto_tier(loop: "_TileLoop", problem: Problem, consumers, chunk_size, formu
             kernel = kernel or loop.kernel(compiled_plan, True)
             kernel.compile_in_background(loop.example_arguments(compiled_plan))
 
-    counted = [started]  # eager time up to here is on the builds' clock (``compile.eager_pass``)
-
     def switch(done_rows: int):
-        """After each eager row block: start the compile once the time warrants it; the kernel once it is ready.
+        """After each eager row block: start the compile once the time warrants it; the kernel once it is ready;
+        leave its build a core once the formula's eager time says so (``compile.BUILD_CORE_AFTER_SECONDS``).
 
         Starting it inside the call, not after it, measured better: calls 2-3 at 16384^2 run compiled
         (RBF 0.69 s, k-min 0.18 s) where compiling after call 1 left call 2 eager (5.2 s, 3.9 s)."""
-        now = time.perf_counter()
-        ran(now - counted[0])
-        counted[0] = now
-        start_compile((now - started) * n / max(done_rows, 1))
-        return kernel if kernel is not None and kernel.ready else None
+        ran = time.perf_counter() - started
+        start_compile(ran * n / max(done_rows, 1))
+        ready = kernel is not None and kernel.ready
+        leave_core(not ready and kernel is not None and kernel.background is not None
+                   and spent + ran >= compile.BUILD_CORE_AFTER_SECONDS)
+        return kernel if ready else None
 
-    with compile.eager_pass() as ran:
+    with compile.eager_pass() as leave_core:
         switch(0)  # a formula compiled before (another tile shape) or already worth it starts at once
         at = loop.run(plan_tiles(problem, consumers, chunk_size, False), False, switch=switch)
     if large:

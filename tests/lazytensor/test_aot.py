@@ -127,22 +127,24 @@ def test_the_tile_function_rebuilt_from_its_source_computes_the_same():
         torch.testing.assert_close(a, b)
 
 
-def test_the_most_wanted_build_goes_next_and_outranks_a_running_one():
-    turns, order, started = aot._Turns(), [], []
+def test_the_most_wanted_build_goes_next_and_outranks_a_one_off_running_one():
+    turns, order = aot._Turns(), []
 
     def wait_for_turn(priority):
-        started.append(priority)
         with turns.turn(lambda: priority):
             order.append(priority)
 
-    with turns.turn(lambda: 1.0) as outranked:
+    mine = [1.0]
+    with turns.turn(lambda: mine[0]) as outranked:
         assert not outranked()
         waiters = [threading.Thread(target=wait_for_turn, args=(p,)) for p in (1.5, 3.0)]
         for t in waiters:
             t.start()
         while len(turns.waiting) < 2:
             threading.Event().wait(0.01)
-        assert outranked()  # 3.0 waits: more than twice this build's 1.0
+        assert outranked()  # 3.0 waits: more than twice this build's 1.0, which nobody waited for since
+        mine[0] = 1.2
+        assert not outranked()  # its formula ran again: passes are waiting for it too
     for t in waiters:
         t.join(60)
     assert order == [3.0, 1.5]

@@ -260,33 +260,28 @@ def test_idle_class_tasks_do_not_count_as_load(idle):
         spinner.wait()
 
 
-def test_eager_passes_leave_pending_builds_a_core_once_they_have_waited_long_enough(monkeypatch):
-    """A build runs at SCHED_IDLE: eager passes that keep every core busy would starve it to the end of a fit."""
-    monkeypatch.setattr(compile, "BUILD_CORE_AFTER_SECONDS", 1.0)
-    background = compile._BACKGROUND
-    monkeypatch.setattr(background, "running", 1)  # a build is pending
-    monkeypatch.setattr(background, "waited", 0.0)
-    with compile.eager_pass() as ran:
-        ran(0.6)
+def test_an_eager_pass_leaves_a_core_only_while_it_says_so():
+    with compile.eager_pass() as leave_core:
+        leave_core(True)
+        assert threads.background_compiles == 1
+        leave_core(False)
         assert threads.background_compiles == 0
-        ran(0.6)
-        assert threads.background_compiles == 1  # waited 1.2 s: the build gets a core
+        leave_core(True)
     assert threads.background_compiles == 0  # compiled passes, and code between passes, keep every core
-    with compile.eager_pass() as ran:
-        ran(0.0)
-        assert threads.background_compiles == 1  # the next eager pass leaves it one at once
-    monkeypatch.setattr(background, "running", 0)
-    with compile.eager_pass() as ran:
-        ran(5.0)  # nothing pending: nothing to give
-        assert threads.background_compiles == 0
 
 
-def test_an_auto_tier_pass_reports_its_eager_time_to_the_builds_clock(monkeypatch):
-    reported = []
-    monkeypatch.setattr(compile._BACKGROUND, "_eager_while_building", reported.append)
-    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", math.inf)  # stays eager
+@pytest.mark.parametrize("after", [0.0, math.inf])
+def test_an_eager_pass_leaves_its_pending_build_a_core_once_its_formula_cost_enough(monkeypatch, after):
+    """A build runs at SCHED_IDLE: eager passes that keep every core busy would starve it to the end of a fit."""
+    monkeypatch.setattr(compile, "BUILD_CORE_AFTER_SECONDS", after)
+    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(compile.CompiledKernel, "compile_in_background",
+                        lambda self, args: setattr(self, "background", "pending"))  # a build that never ends
+    left = []
+    monkeypatch.setattr(compile._BACKGROUND, "_leave_core", left.append)
     g = torch.Generator().manual_seed(0)
     x, y, b = torch.randn(700, 3, generator=g), torch.randn(600, 3, generator=g), torch.randn(600, 2, generator=g)
-    out = _formula(x, y, -0.25).matmul(b, chunk_size=(128, 600))
-    torch.testing.assert_close(out, _reference(x, y, b, -0.25), rtol=1e-5, atol=1e-5)
-    assert len(reported) >= 5 and all(s >= 0 for s in reported)  # once per row block
+    out = _formula(x, y, -0.375).matmul(b, chunk_size=(128, 600))
+    torch.testing.assert_close(out, _reference(x, y, b, -0.375), rtol=1e-5, atol=1e-5)
+    assert len(left) >= 5 and left[-1] is False  # looked at each row block; the core is back when the pass ends
+    assert any(left) == (after == 0.0)
