@@ -48,7 +48,7 @@ COMPILE_AFTER_SECONDS = 1.0
 # build is pending therefore leaves it a core once the formula has cost this much eager time (a build
 # is ~20 s of one core). Measured, cold cache: at 10 s the quantile at 20000^2 (five formulas, three
 # calls) took 68-78 s against 53-56 s, its builds too late to pay back the halved passes; at 30 s it
-# takes 56 s, and landmark ridge still builds its product during its first pass at n = 10^6.
+# takes 56 s, and landmark ridge at n = 10^6 still builds its product within its first passes (374 s, was 486).
 BUILD_CORE_AFTER_SECONDS = 30.0
 _CACHE: OrderedDict[tuple, Callable] = OrderedDict()
 _LOCK = threading.RLock()
