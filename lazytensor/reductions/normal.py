@@ -55,8 +55,8 @@ class NormalProduct(Reduction):
 
         In the tile function, so a compiled tile fuses the cast to ``dtype_acc`` into the kernel's
         evaluation and runs both products in its graph: 1.4-1.7x faster passes than casting and
-        multiplying each tile eagerly (n = 50000, m = 4096, d = 8, float32 tiles summed in float64,
-        one weight column, 1-2 threads; about equal with two columns).
+        multiplying each tile eagerly (a one-off timing script, not the harness: n = 50000, m = 4096, d = 8,
+        float32 tiles summed in float64, one weight column, 1-2 threads; about equal with two columns).
         """
         kernel, weights = values
         kernel = self._acc(masked(masked(kernel, rowmask, 0.0), mask, 0.0)[..., 0])
