@@ -86,19 +86,32 @@ class Jacobi:
         return R * self.inverse
 
 
-class Cholesky:
-    """``R -> A^{-1} R`` from the Cholesky factor of a small explicit SPD matrix ``A``.
+def _factor(A: torch.Tensor, upper: bool = False) -> torch.Tensor:
+    """The float64 Cholesky factor of symmetric ``A``, with a jitter from ``size * eps * max|diag|`` grown
+    100x until it factors: kernel matrices of close points are indefinite to roundoff."""
+    jitter = A.shape[0] * torch.finfo(A.dtype).eps * float(A.diagonal().abs().max())
+    while True:
+        S = A.to(torch.float64, copy=True)
+        S = S.add_(S.T.clone()).mul_(0.5)  # m x m temporaries one at a time
+        S.diagonal().add_(jitter)
+        factor, info = torch.linalg.cholesky_ex(S, upper=upper)
+        if int(info) == 0:
+            return factor
+        jitter *= 100
 
-    A jitter of ``size * eps * max|diag|`` guards against roundoff making ``A``
-    numerically indefinite; CG around it still checks the true residual.
+
+class Cholesky:
+    """``R -> A^{-1} R`` from the Cholesky factor of a small explicit SPD matrix ``A`` (float64).
+
+    Roundoff may make ``A`` numerically indefinite: the smallest jitter that factors
+    (``_factor``); CG around it still checks the true residual.
     """
 
     def __init__(self, A: torch.Tensor):
-        jitter = A.shape[0] * torch.finfo(A.dtype).eps * A.diagonal().abs().max()
-        self.chol = torch.linalg.cholesky(A + jitter * torch.eye(A.shape[0], dtype=A.dtype, device=A.device))
+        self.chol = _factor(A)
 
     def __call__(self, R: torch.Tensor) -> torch.Tensor:
-        return torch.cholesky_solve(R, self.chol)
+        return torch.cholesky_solve(R.double(), self.chol).to(R.dtype)
 
 
 class Falkon:
@@ -113,15 +126,7 @@ class Falkon:
 
     def __init__(self, Kmm: torch.Tensor, n: int, shift: float):
         m = Kmm.shape[0]
-        jitter = m * torch.finfo(Kmm.dtype).eps * float(Kmm.diagonal().abs().max())
-        self.T = None
-        while self.T is None:  # K_mm of close landmarks is singular to roundoff: grow the jitter until it factors
-            K = Kmm.double()
-            K = K.add_(K.T.clone()).mul_(0.5)
-            K.diagonal().add_(jitter)
-            self.T, info = torch.linalg.cholesky_ex(K, upper=True)
-            self.T, jitter = (self.T if int(info) == 0 else None), jitter * 100
-        del K
+        self.T = _factor(Kmm, upper=True)  # jitter in K_mm's dtype (the tiles'), as Cholesky's
         TT = (self.T @ self.T.T).mul_(n / m)  # m x m temporaries one at a time: peak memory ~3 m^2 doubles
         TT.diagonal().add_(shift)
         self.A = torch.linalg.cholesky(TT, upper=True)

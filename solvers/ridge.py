@@ -18,17 +18,19 @@ from .base import (
 from .implicit import implicit, requires_grad
 from .krylov import KrylovInfo, cg
 from .operators import Normal, Shifted
-from .preconditioners import Cholesky, Falkon, Jacobi, LowRankPreconditioner, pivoted_cholesky
+from .preconditioners import Cholesky, Jacobi, LowRankPreconditioner, pivoted_cholesky
 from .sources import ShardedKernel
 
 __all__ = ["KernelRidge", "LandmarkRidge"]
 
 PRECONDITIONERS = (None, "nystrom", "jacobi")
-NORMAL_FACTOR_MAX = 4096  # landmarks up to which the m x m normal matrix (128 MiB in float64) may be formed
-NORMAL_BUDGET = 64 * 2**20  # bytes of the n x width block K_nm E one pass of the normal matrix holds
-NORMAL_BLOCK_MAX = 256  # identity columns per pass at most (lazytensor's tiles grow with the columns)
-NORMAL_PASSES_MAX = 16  # passes the normal matrix may cost; above, K_mm alone preconditions (Falkon)
-# Falkon-preconditioned fits stop on the preconditioned residual sqrt(r^T P^-1 r) relative to the right-hand
+# Landmark ridge's preconditioner is the normal matrix of a uniform sample of s rows, scaled by n / s (Falkon's is
+# the sample of the m landmarks themselves). Its cost, 2 s m^2 dense flops, buys fewer passes of n m kernel entries:
+# iterations fell like s^(-1/2) (n = 10^5, m = 4096, RBF: 10 to 1e-4 at s = 16384, 5 at 65536, 31 for Falkon's s = m),
+# so the total is least where the sample costs half the iterations, s ~ (SAMPLE_SCALE n / m)^(2/3) (at 2-core rates:
+# a dgemm flop is ~300x cheaper than a kernel entry of a pass). s >= n: the normal matrix itself.
+SAMPLE_SCALE = 1e5
+# Fits on a sampled normal matrix stop on the preconditioned residual sqrt(r^T P^-1 r) relative to the right-hand
 # side's: the energy-norm error of the coefficients, which tracked the relative change of held-out predictions
 # to within 15% at each of 50 iterations (n = 10^5, m = 4096, docs/solvers.md). 1e-4: predictions within 0.01% of
 # the exact minimizer's, 26 iterations there where the float64 Euclidean 1e-8 took 97 (held-out R^2 equal to 6 digits).
@@ -228,10 +230,10 @@ class LandmarkRidge(_Ridge):
     reproducible through ``random_state``). ``predict(x) = K(x, landmarks_) coef_``.
     The iterative fit runs CG on the m x m normal equations (each product one
     streamed pass that evaluates every ``K_nm`` tile once for ``K_nm^T K_nm v``),
-    preconditioned by the factored normal matrix while forming it costs at most
-    ``NORMAL_PASSES_MAX`` passes (then ``rtol``, default 1e-8 in float64, bounds
-    the Euclidean residual). Larger fits are preconditioned by ``K_mm`` alone
-    (Falkon) and stop on the preconditioned residual, the coefficients'
+    preconditioned by the factored normal matrix of s sampled rows (``SAMPLE_SCALE``).
+    Where s covers every row that is the normal matrix itself: CG stops after one
+    or two iterations, ``rtol`` (default 1e-8 in float64) bounding the Euclidean
+    residual. Larger fits stop on the preconditioned residual, the coefficients'
     energy-norm error: predictions within about ``rtol`` (default
     ``FALKON_RTOL`` = 1e-4) relative of the exact minimizer's; ``info_.norm``
     says which. ``source="direct"`` solves the augmented least-squares problem
@@ -256,13 +258,17 @@ class LandmarkRidge(_Ridge):
         n = sum(sizes)
         m = self._agreed(lambda: check_count(self.n_landmarks if self.n_landmarks is not None else min(n, 256),
                                              "n_landmarks", n, "at most the number of training points"))
-        gen = torch.Generator().manual_seed(int(self.random_state))
-        idx = torch.randperm(n, generator=gen)[:m].sort().values.to(X.device)
+        idx = self._draw(n, m).to(X.device)
         if self.source != "sharded":
             return X[idx]
         start = sum(sizes[:self._sharding.rank])
         mine = idx[(idx >= start) & (idx < start + X.shape[0])] - start
         return self._sharding.gather_rows(X[mine])[0]  # rank order is index order
+
+    def _draw(self, n: int, k: int) -> torch.Tensor:
+        """The first ``k`` of a permutation of ``n`` rows fixed by ``random_state``, sorted: drawn landmarks are
+        its first m, the preconditioner's sample its first s (the landmarks among them)."""
+        return torch.randperm(n, generator=torch.Generator().manual_seed(int(self.random_state)))[:k].sort().values
 
     def fit(self, X, y):
         self._check_common()
@@ -297,21 +303,20 @@ class LandmarkRidge(_Ridge):
                     return solve
             else:
                 n = K_nm.shape[0]
-                width = min(m, NORMAL_BLOCK_MAX, max(1, NORMAL_BUDGET // (n * X.element_size())))
-                formed = m <= NORMAL_FACTOR_MAX and 2 * -(-m // width) <= NORMAL_PASSES_MAX
-                gram = self._normal_gram(fast_nm, width) if formed else None
-                Kmm = fast_mm.columns(torch.arange(m, device=X.device))
+                s = min(n, max(m, round((SAMPLE_SCALE * n / m) ** (2 / 3))))
+                gram = fast_nm.row_gram(self._draw(n, s).to(X.device)).mul_(n / s)
+                Kmm = fast_mm.columns(torch.arange(m, device=X.device))  # entries to the tile dtype
 
                 def make_solver(a):
-                    """The formed normal matrix (float32 tiles by default) preconditions exact products: CG stops
-                    after one or two iterations. Otherwise Falkon's preconditioner from K_mm alone, with
-                    cheap-tile iterations refined against exact products (more iterations, no n m^2 set-up)."""
-                    M = self._normal_factor(gram, Kmm, a)
-                    if M is not None:
+                    """The sampled normal matrix, factored, preconditions CG on exact products (compiled float64
+                    tiles ran these passes 1.1x faster than float32 tiles summed in float64, so refining cheap
+                    iterations would only add passes). All rows: the normal matrix itself, CG stops after one or
+                    two iterations at the Euclidean ``rtol``; sampled, on the preconditioned residual."""
+                    M = Cholesky(torch.add(gram, Kmm, alpha=a))
+                    if s == n:
                         return self._cg(Normal(K_nm, K_mm, a), M, self._rtol(X.dtype))
                     rtol = self.rtol if self.rtol is not None else FALKON_RTOL
-                    return self._cg(Normal(fast_nm, fast_mm, a), Falkon(Kmm, n, a), rtol, exact=Normal(K_nm, K_mm, a),
-                                    norm="preconditioned")  # Kmm: entries to the tile dtype, jitter to X's
+                    return self._cg(Normal(K_nm, K_mm, a), M, rtol, norm="preconditioned")
 
             coef, info, adjoint = self._solve(rhs, alpha, make_solver, K_nm.shape[0] * m + m * m)  # entries a product evaluates
 
@@ -325,27 +330,6 @@ class LandmarkRidge(_Ridge):
         self.info_ = info
         self._report(info, "the fit")
         return self
-
-    @staticmethod
-    def _normal_gram(K_nm, width: int) -> torch.Tensor:
-        """``K_nm^T K_nm`` from streamed passes over ``width`` identity columns at a time (no n x m matrix:
-        ``width`` keeps the n x width block within ``NORMAL_BUDGET``, so small problems take one gram)."""
-        m = K_nm.shape[1]
-        eye = torch.eye(m, dtype=K_nm.dtype, device=K_nm.device)
-        return torch.cat([K_nm.gram(eye[:, s:s + width]) for s in range(0, m, width)], 1)
-
-    @staticmethod
-    def _normal_factor(gram, Kmm, a) -> Cholesky | None:
-        """The m x m normal matrix factored as CG's preconditioner (CG then stops after one or two
-        iterations; unpreconditioned, the squared conditioning of K_nm took ~800 at n=2048, m=256).
-        Not formed (``NORMAL_PASSES_MAX``), or defeated by roundoff: ``None`` (Falkon's preconditioner instead)."""
-        if gram is None:
-            return None
-        normal = gram + a * Kmm
-        try:
-            return Cholesky((normal + normal.T) / 2)
-        except torch.linalg.LinAlgError:
-            return None
 
     def predict(self, X):
         self._check_fitted("coef")

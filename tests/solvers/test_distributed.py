@@ -51,6 +51,18 @@ def _check(rank, world_size):
             _close(model.predict(Xq), ref.predict(Xq), label + " predict")
             scalars = torch.tensor([model.info_.iterations, model.info_.matvecs], dtype=torch.float64)
             _same_on_ranks(torch.cat([scalars, coef.reshape(-1)]), world_size, label)
+    # the preconditioner's sample smaller than n (s = m rows): each rank multiplies its own picks
+    import solvers.ridge
+
+    solvers.ridge.SAMPLE_SCALE, scale = 0, solvers.ridge.SAMPLE_SCALE
+    try:
+        ref = estimators["landmark"]("streamed").fit(X, Y)
+        rows = slice(0, 170) if rank == 0 else slice(170, 300)
+        model = estimators["landmark"]("sharded").fit(X[rows], Y[rows])
+        assert ref.info_.norm == model.info_.norm == "preconditioned"
+        _close(model.coef_, ref.coef_, "landmark on a sample")
+    finally:
+        solvers.ridge.SAMPLE_SCALE = scale
     # inside lazytensor's sharded() context (the group comes from it; the fit's own products stay local)
     import lazytensor as lt
 

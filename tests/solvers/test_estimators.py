@@ -75,18 +75,19 @@ def test_landmark_matches_closed_form(source):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-7), (torch.float32, 3e-3)])
-def test_landmark_without_the_normal_matrix_uses_falkon(monkeypatch, dtype, tol):
-    """Where forming K_nm^T K_nm costs too many passes, K_mm alone preconditions (float32 tiles refined)."""
+def test_landmark_on_a_row_sample_stops_on_the_preconditioned_residual(monkeypatch, dtype, tol):
+    """Where the preconditioner's sample is smaller than n (here s = m of 157 rows), CG takes more iterations
+    and stops on the preconditioned residual; the answer is the closed form's."""
     import solvers.ridge
 
-    monkeypatch.setattr(solvers.ridge, "NORMAL_PASSES_MAX", 0)
+    monkeypatch.setattr(solvers.ridge, "SAMPLE_SCALE", 0)
     X, Y, Xq = _regression(n=157)
     L = X[5:45]
     Knm, Kmm = reference(RBF(0.5), X, L), reference(RBF(0.5), L, L)
     coef = torch.linalg.solve(Knm.T @ Knm + 2.0 * Kmm, Knm.T @ Y)
     est = LandmarkRidge(RBF(0.5), 2.0, landmarks=L.to(dtype), source="streamed",
                         rtol=1e-12 if dtype == torch.float64 else None).fit(X.to(dtype), Y.to(dtype))
-    assert est.info_.converged and est.info_.iterations > 3  # the CG ran on the preconditioned normal equations
+    assert est.info_.converged and est.info_.iterations > 3 and est.info_.norm == "preconditioned"
     assert est.info_.pairs_per_second > 0 and est.info_.product_seconds > 0
     prediction = reference(RBF(0.5), Xq, L) @ coef
     assert float((est.predict(Xq.to(dtype)).double() - prediction).norm() / prediction.norm()) < tol

@@ -75,6 +75,20 @@ def test_nystrom_cuts_iterations_threefold():
         assert ((x - exact).norm(dim=0) <= 1e-8 * B.norm(dim=0) / 0.5).all()
 
 
+def test_cholesky_preconditioner_factors_a_singular_matrix_and_leaves_it_alone():
+    from solvers import Cholesky
+
+    g = torch.Generator().manual_seed(0)
+    F = torch.randn(6, 2, generator=g, dtype=torch.float64)
+    A = F @ F.T  # rank 2: indefinite to roundoff, factors once the jitter has grown
+    kept = A.clone()
+    R = torch.randn(6, 3, generator=g, dtype=torch.float64)
+    assert torch.isfinite(Cholesky(A)(R)).all() and torch.equal(A, kept)
+    B = A + torch.eye(6, dtype=torch.float64)
+    torch.testing.assert_close(Cholesky(B)(R), torch.linalg.solve(B, R), rtol=1e-12, atol=1e-12)
+    assert Cholesky(B)(R.float()).dtype == torch.float32  # solved in float64, returned in R's dtype
+
+
 def test_pivoted_cholesky_factor_and_early_stop():
     X, K, _ = _spd(300)
     S = StreamedKernel(RBF(0.25), X)

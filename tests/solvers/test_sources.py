@@ -122,6 +122,23 @@ def test_composed_operators_match_their_dense_matrices():
         Normal(StreamedKernel(RBF(0.4), X, L), StoredKernel(K), 0.1)
 
 
+def test_row_gram_is_the_normal_matrix_of_the_rows(monkeypatch):
+    """K[idx]^T K[idx] over blocks of rows (a ragged last block), streamed, float32 tiles and stored."""
+    import solvers.sources
+    from solvers import StoredKernel
+
+    X, Y, _, _ = _data(61, 19, 3, 1)
+    K = reference(RBF(0.5), X, Y)
+    idx = torch.tensor([0, 3, 4, 17, 40, 41, 60])
+    want = K[idx].T @ K[idx]
+    monkeypatch.setattr(solvers.sources, "ROW_BLOCK_BYTES", 3 * 19 * 8)  # three rows a block
+    streamed = StreamedKernel(RBF(0.5), X, Y)
+    torch.testing.assert_close(streamed.row_gram(idx), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(streamed.with_tile_dtype(torch.float32).row_gram(idx), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(StoredKernel(K).row_gram(idx), want, rtol=1e-12, atol=1e-12)
+    assert streamed.row_gram(idx[:0]).abs().max() == 0 and streamed.row_gram(idx[:0]).shape == (19, 19)
+
+
 @pytest.mark.parametrize("backend", ["eager", "compiled"])
 def test_gram_is_one_pass_with_padded_tiles(backend):
     """K^T (K V) from one pass (each tile evaluated once): odd sizes pad rows and columns of compiled tiles."""
