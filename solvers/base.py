@@ -315,23 +315,23 @@ class Estimator(_Base):
             return "direct"
         return "stored" if n * (n if m is None else m) * itemsize <= AUTO_STORED_MAX_BYTES else "streamed"
 
-    def _tile_dtype(self, dtype: torch.dtype, refined: bool) -> torch.dtype:
-        """The dtype iterations evaluate tiles in: ``tile_dtype``, or by default float32 for float64
-        data where the fit refines against exact residuals (CG fits: ``refined``), else the data's."""
+    def _tile_dtype(self, dtype: torch.dtype, preconditioner: bool) -> torch.dtype:
+        """The dtype ``fast`` tiles are evaluated in: ``tile_dtype``, or by default float32 for float64
+        data where they only build a preconditioner (``preconditioner``), else the data's."""
         if self.tile_dtype is not None:
             return self.tile_dtype if torch.finfo(self.tile_dtype).bits < torch.finfo(dtype).bits else dtype
-        return torch.float32 if refined and dtype == torch.float64 else dtype
+        return torch.float32 if preconditioner and dtype == torch.float64 else dtype
 
     def make_sources(self, kind: str, X: torch.Tensor, Y: torch.Tensor | None = None, *, fast: str | None = None):
-        """``(exact, fast)``: the kernel matrix ``K(X, Y)`` as a source of one ``kind``, and the operator iterations run on.
+        """``(exact, fast)``: the kernel matrix ``K(X, Y)`` as a source of one ``kind``, and in cheaper tiles.
 
         ``kind``: ``"streamed"`` (each product a lazytensor sum, differentiable in
         ``X``, ``Y`` and the kernel's tensors), ``"sharded"`` (``X`` this rank's
         rows; no gradient) or ``"stored"`` / ``"direct"`` (the matrix; no gradient). ``exact``
         evaluates tiles in the data's dtype (results, true residuals). ``fast``:
         ``None`` the same source; ``"asked"`` tiles in ``tile_dtype`` if given;
-        ``"refined"`` by default float32 tiles for float64 data too (a CG fit
-        refines against ``exact``). Sums always run in the data's dtype.
+        ``"preconditioner"`` by default float32 tiles for float64 data too (what
+        builds a CG fit's preconditioner). Sums always run in the data's dtype.
         """
         if kind == "sharded":
             exact = ShardedKernel(self._kernel, X, Y, sharding=self._sharding, chunk_size=self.chunk_size)
@@ -340,7 +340,7 @@ class Estimator(_Base):
             if kind in ("stored", "direct"):
                 with torch.no_grad():
                     exact = StoredKernel(exact.dense())
-        tile_dtype = X.dtype if fast is None else self._tile_dtype(X.dtype, refined=fast == "refined")
+        tile_dtype = X.dtype if fast is None else self._tile_dtype(X.dtype, preconditioner=fast == "preconditioner")
         if isinstance(exact, StoredKernel) or tile_dtype == X.dtype:
             return exact, exact
         try:

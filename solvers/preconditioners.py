@@ -27,26 +27,38 @@ import torch
 
 __all__ = ["LowRankPreconditioner", "Jacobi", "Cholesky", "Falkon", "pivoted_cholesky", "nystrom"]
 
+UPCAST_BYTES = 8 * 2**20  # a low-rank factor's float64 row block
 PIVOT_BLOCK = 64  # pivots drawn per round: one batched column evaluation each (16-64 measured equal)
 
 
 class LowRankPreconditioner:
     """``R -> P^{-1} R = (R - F (nu I + F^T F)^{-1} F^T R) / nu`` (see the module docstring).
 
-    One r x r Gram matrix, its smallest eigenvalue and a Cholesky factor, all in
-    float64 (cheap at r x r, and ``nu I + F^T F`` may be ill-conditioned in
-    float32); two passes over ``F`` per application. ``nu`` is at least
-    ``sqrt(eps) * lam_max`` of ``F``'s dtype, so the Woodbury subtraction loses at
-    most ``sqrt(eps)`` relative accuracy along the leading directions.
+    ``F`` is kept in its dtype (a float32 factor halves its memory) and every
+    product with it runs in float64, on row blocks upcast in turn
+    (``UPCAST_BYTES``): the Woodbury subtraction then cancels only to float64
+    roundoff, so ``nu`` need only exceed ``sqrt(eps64) * lam_max``. In float32
+    the floor ``sqrt(eps32) * lam_max`` lay above the shift and capped what any
+    rank could do (ridge, n = 32768, RBF, alpha 0.5: 18 iterations, 13 with
+    float64 products; n = 10^5: 29 at rank 2048 and at 4096). One r x r Gram
+    matrix, its extreme eigenvalues and a Cholesky factor, all float64.
     """
 
     def __init__(self, F: torch.Tensor, shift: float):
         self.F = F
-        self.gram = (F.T @ F).double()
+        self.gram = F.new_zeros(F.shape[1], F.shape[1], dtype=torch.float64)
+        for _, block in self._blocks():
+            self.gram.addmm_(block.T, block)
         lam = torch.linalg.eigvalsh(self.gram) if F.shape[1] else self.gram.new_zeros(1)
-        self.floor = float(lam[-1]) * torch.finfo(F.dtype).eps ** 0.5
+        self.floor = float(lam[-1]) * torch.finfo(torch.float64).eps ** 0.5
         self.lam_r = float(lam[0].clamp_min(0))
         self._shifted(shift)
+
+    def _blocks(self):
+        """``(start, F[start:start + step] in float64)``: the factor's row blocks, one upcast at a time."""
+        step = max(1, UPCAST_BYTES // (8 * max(1, self.F.shape[1])))
+        for start in range(0, self.F.shape[0], step):
+            yield start, self.F[start:start + step].double()
 
     def _shifted(self, shift: float) -> None:
         if not shift > 0:
@@ -63,10 +75,15 @@ class LowRankPreconditioner:
         return other
 
     def __call__(self, R: torch.Tensor) -> torch.Tensor:
-        """In ``F``'s dtype (a float32 factor for float32 iterations: half the memory traffic)."""
-        Rf = R.to(self.F.dtype)
-        core = torch.cholesky_solve((self.F.T @ Rf).double(), self.chol).to(Rf.dtype)
-        return ((Rf - self.F @ core) / self.nu).to(R.dtype)
+        Rd = R.double()
+        FtR = Rd.new_zeros(self.F.shape[1], R.shape[1])
+        for start, block in self._blocks():
+            FtR.addmm_(block.T, Rd[start:start + block.shape[0]])
+        core = torch.cholesky_solve(FtR, self.chol)
+        out = Rd.clone()
+        for start, block in self._blocks():
+            out[start:start + block.shape[0]].sub_(block @ core)
+        return out.div_(self.nu).to(R.dtype)
 
     @property
     def rank(self) -> int:

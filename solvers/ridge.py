@@ -116,10 +116,17 @@ class _Ridge(RegressorMixin, Estimator):
             info.pairs_per_second = info.matvecs * pairs / info.product_seconds
         return coef, info, adjoint
 
-    def _cg(self, operator, preconditioner, rtol, exact=None, norm="euclidean"):
-        """``solve(R)`` by CG with this fit's settings (taken now: the adjoint solve of a later backward uses them too)."""
+    def _cg(self, operator, preconditioner, rtol, norm="euclidean"):
+        """``solve(R)`` by CG with this fit's settings (taken now: the adjoint solve of a later backward uses them too).
+
+        ``operator(fast)`` is the system on the exact sources or on the cheaper tiles. CG iterates on the
+        exact ones: compiled float64 tiles ran these passes 1.0-1.3x faster than float32 tiles summed in
+        float64 (RBF at d = 3 and 8, Matern, Laplacian; 16384^2 and the landmark product), so refining
+        cheaper iterations against exact products only added passes. A given ``tile_dtype`` still asks for it.
+        """
         atol, maxiter = self.atol, self.maxiter
-        return lambda R: cg(operator, R, M=preconditioner, rtol=rtol, atol=atol, maxiter=maxiter, exact=exact, norm=norm)
+        A, exact = (operator(True), operator(False)) if self.tile_dtype is not None else (operator(False), None)
+        return lambda R: cg(A, R, M=preconditioner, rtol=rtol, atol=atol, maxiter=maxiter, exact=exact, norm=norm)
 
     def _predict_with(self, X, centres: torch.Tensor, coef: torch.Tensor, rows: slice | None = None):
         out, numpy_out = self._times(X, centres, coef, rows)
@@ -186,7 +193,7 @@ class KernelRidge(_Ridge):
                     return out, _direct_info((R - K @ out - a * out).norm(dim=0))
                 return solve
         else:
-            K, fast = self.make_sources(self.source_, X.detach(), fast="refined")
+            K, fast = self.make_sources(self.source_, X.detach(), fast="preconditioner")
             if self.source_ == "sharded":  # Krylov vectors are whole on every rank
                 X, Y = K.Y, self._sharding.gather_rows(Y)[0]  # K's columns: every rank's points
             n = X.shape[0]
@@ -200,7 +207,7 @@ class KernelRidge(_Ridge):
 
             def make_solver(a):
                 M = low_rank.with_shift(a) if low_rank is not None else Jacobi(diag, a) if diag is not None else None
-                return self._cg(Shifted(fast, a), M, self._rtol(X.dtype), exact=Shifted(K, a))
+                return self._cg(lambda cheap: Shifted(fast if cheap else K, a), M, self._rtol(X.dtype))
 
         with torch.no_grad():
             coef, info, adjoint = self._solve(Y.detach(), alpha, make_solver, n * n)
@@ -277,14 +284,14 @@ class LandmarkRidge(_Ridge):
         L = self._choose_landmarks(X)
         m = L.shape[0]
         self.source_ = self._resolve_source(X.shape[0], m, X.element_size())
-        K_nm, fast_nm = self.make_sources(self.source_, X.detach(), L.detach(), fast="refined")
+        K_nm, fast_nm = self.make_sources(self.source_, X.detach(), L.detach(), fast="preconditioner")
         if self.source_ == "sharded":  # K_mm's rows split over the ranks too; vectors by row are whole
             Y = self._sharding.gather_rows(Y)[0]
             share = slice(m * self._sharding.rank // self._sharding.size, m * (self._sharding.rank + 1) // self._sharding.size)
             K_mm = ShardedKernel(self._kernel, L[share], L, sharding=self._sharding, chunk_size=self.chunk_size)
             fast_mm = K_mm.with_tile_dtype(fast_nm.tile_dtype)
         else:
-            K_mm, fast_mm = self.make_sources(self.source_, L.detach(), fast="refined")
+            K_mm, fast_mm = self.make_sources(self.source_, L.detach(), fast="preconditioner")
         eye = torch.eye(m, dtype=X.dtype, device=X.device)
         with torch.no_grad():
             rhs = K_nm.rmatmul_nograd(Y.detach())
@@ -308,15 +315,14 @@ class LandmarkRidge(_Ridge):
                 Kmm = fast_mm.columns(torch.arange(m, device=X.device))  # entries to the tile dtype
 
                 def make_solver(a):
-                    """The sampled normal matrix, factored, preconditions CG on exact products (compiled float64
-                    tiles ran these passes 1.1x faster than float32 tiles summed in float64, so refining cheap
-                    iterations would only add passes). All rows: the normal matrix itself, CG stops after one or
-                    two iterations at the Euclidean ``rtol``; sampled, on the preconditioned residual."""
+                    """The sampled normal matrix, factored, preconditions CG. All rows: the normal matrix itself,
+                    CG stops after one or two iterations at the Euclidean ``rtol``; sampled, on the preconditioned
+                    residual."""
                     M = Cholesky(torch.add(gram, Kmm, alpha=a))
+                    normal = lambda cheap: Normal(fast_nm, fast_mm, a) if cheap else Normal(K_nm, K_mm, a)  # noqa: E731
                     if s == n:
-                        return self._cg(Normal(K_nm, K_mm, a), M, self._rtol(X.dtype))
-                    rtol = self.rtol if self.rtol is not None else FALKON_RTOL
-                    return self._cg(Normal(K_nm, K_mm, a), M, rtol, norm="preconditioned")
+                        return self._cg(normal, M, self._rtol(X.dtype))
+                    return self._cg(normal, M, self.rtol if self.rtol is not None else FALKON_RTOL, norm="preconditioned")
 
             coef, info, adjoint = self._solve(rhs, alpha, make_solver, K_nm.shape[0] * m + m * m)  # entries a product evaluates
 
