@@ -89,6 +89,27 @@ def test_cholesky_preconditioner_factors_a_singular_matrix_and_leaves_it_alone()
     assert Cholesky(B)(R.float()).dtype == torch.float32  # solved in float64, returned in R's dtype
 
 
+def test_low_rank_preconditioner_applies_a_float32_factor_in_float64(monkeypatch):
+    """Row blocks of F upcast in turn give the float64 Woodbury formula exactly, with nu above the float64 floor."""
+    import solvers.preconditioners
+    from solvers import LowRankPreconditioner
+
+    g = torch.Generator().manual_seed(1)
+    F = (torch.randn(37, 5, generator=g, dtype=torch.float64) * torch.tensor([10, 1, 0.1, 0.01, 0.001])).float()
+    R = torch.randn(37, 2, generator=g, dtype=torch.float64)
+    monkeypatch.setattr(solvers.preconditioners, "UPCAST_BYTES", 8 * 5 * 4)  # four rows a block: ten blocks
+    M = LowRankPreconditioner(F, 1e-3)
+    Fd = F.double()
+    lam = torch.linalg.eigvalsh(Fd.T @ Fd)
+    nu = 1e-3 + float(lam[0])
+    assert M.nu == pytest.approx(nu, rel=1e-12) and M.nu > float(lam[-1]) * 1.5e-8  # float32's floor would be ~1.3
+    want = (R - Fd @ torch.linalg.solve(nu * torch.eye(5, dtype=torch.float64) + Fd.T @ Fd, Fd.T @ R)) / nu
+    torch.testing.assert_close(M(R), want, rtol=1e-9, atol=0)
+    assert M(R.float()).dtype == torch.float32
+    empty = LowRankPreconditioner(F[:0], 0.5)  # no rows: P = nu I
+    assert empty(R[:0]).shape == (0, 2)
+
+
 def test_pivoted_cholesky_factor_and_early_stop():
     X, K, _ = _spd(300)
     S = StreamedKernel(RBF(0.25), X)
