@@ -202,7 +202,8 @@ class KernelRidge(_Ridge):
                 smallest = float(alpha.detach().min())
                 factor = pivoted_cholesky(fast, self._rank(n), tolerance=smallest, random_state=self.random_state,
                                           dtype=getattr(fast, "tile_dtype", X.dtype))
-                low_rank = LowRankPreconditioner(factor, smallest)
+                low_rank = LowRankPreconditioner(factor, smallest, sharding=self._sharding, rows=K.rows) \
+                    if self.source_ == "sharded" else LowRankPreconditioner(factor, smallest)
             diag = K.diag() if self.preconditioner == "jacobi" else None
 
             def make_solver(a):
