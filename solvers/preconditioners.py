@@ -28,6 +28,7 @@ import torch
 __all__ = ["LowRankPreconditioner", "Jacobi", "Cholesky", "Falkon", "pivoted_cholesky", "nystrom"]
 
 UPCAST_BYTES = 8 * 2**20  # a low-rank factor's float64 row block
+JITTER_TRIES, JITTER_MAX = 12, 0.1  # a Cholesky jitter grows 100x a try, up to a tenth of the largest diagonal entry
 PIVOT_BLOCK = 64  # pivots drawn per round: one batched column evaluation each (16-64 measured equal)
 
 
@@ -114,16 +115,22 @@ class Jacobi:
 
 def _factor(A: torch.Tensor, upper: bool = False) -> torch.Tensor:
     """The float64 Cholesky factor of symmetric ``A``, with a jitter from ``size * eps * max|diag|`` grown
-    100x until it factors: kernel matrices of close points are indefinite to roundoff."""
-    jitter = A.shape[0] * torch.finfo(A.dtype).eps * float(A.diagonal().abs().max())
-    while True:
+    100x until it factors (kernel matrices of close points are indefinite to roundoff); a matrix that needs
+    more than ``JITTER_MAX`` of its diagonal is not a roundoff case: a ``ValueError``."""
+    scale = float(A.diagonal().abs().max()) if A.numel() else 0.0
+    jitter = A.shape[0] * torch.finfo(A.dtype).eps * scale
+    for _ in range(JITTER_TRIES):
+        if jitter > JITTER_MAX * scale:
+            break
         S = A.to(torch.float64, copy=True)
         S = S.add_(S.T.clone()).mul_(0.5)  # m x m temporaries one at a time
         S.diagonal().add_(jitter)
         factor, info = torch.linalg.cholesky_ex(S, upper=upper)
-        if int(info) == 0:
+        if int(info) == 0 and bool(torch.isfinite(factor.diagonal()).all()):
             return factor
         jitter *= 100
+    raise ValueError(f"the {A.shape[0]} x {A.shape[0]} matrix to factor is not positive semi-definite (or not finite): "
+                     f"no jitter up to a tenth of its largest diagonal entry ({scale:.1e}) factors it")
 
 
 class Cholesky:

@@ -87,6 +87,10 @@ def test_cholesky_preconditioner_factors_a_singular_matrix_and_leaves_it_alone()
     B = A + torch.eye(6, dtype=torch.float64)
     torch.testing.assert_close(Cholesky(B)(R), torch.linalg.solve(B, R), rtol=1e-12, atol=1e-12)
     assert Cholesky(B)(R.float()).dtype == torch.float32  # solved in float64, returned in R's dtype
+    with pytest.raises(ValueError, match="not positive semi-definite"):
+        Cholesky(-B)
+    with pytest.raises(ValueError, match="not finite"):
+        Cholesky(torch.full((3, 3), float("nan"), dtype=torch.float64))
 
 
 def test_low_rank_preconditioner_applies_a_float32_factor_in_float64(monkeypatch):
