@@ -1,7 +1,7 @@
 """One recorded streamed ridge fit at n = 100,000, d = 8, float64: time, convergence, peak RSS growth.
 
-Prints one JSON line (default estimator settings: float32 tiles refined to float64 residuals,
-a rank-2048 pivoted-Cholesky Nystrom preconditioner). Takes about 10 minutes on 2 shared cores
+Prints one JSON line (default estimator settings: float64 tiles, a rank-2048 pivoted-Cholesky
+Nystrom preconditioner built from float32 tiles). Takes about 3.5 minutes on 2 quiet cores
 (docs/solvers.md has the recorded run); `python -m harness ml` is meant for sizes where a dense
 reference can be checked. `--threads N` sets torch's threads (default 2).
 """
