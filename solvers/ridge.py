@@ -289,18 +289,23 @@ class LandmarkRidge(_Ridge):
         alpha = _alpha(self.alpha, Y.shape[1], X.dtype)
         L = self._choose_landmarks(X)
         m = L.shape[0]
-        self.source_ = self._resolve_source(X.shape[0], m, X.element_size())
-        K_nm, fast_nm = self.make_sources(self.source_, X.detach(), L.detach(), fast="preconditioner")
+        self.source_ = self._resolve_source(X.shape[0], m)  # 8-byte entries: iterative routes solve in float64
+        # Float32 data is solved as float64 data, except directly: the normal equations square K_nm's conditioning,
+        # and float32 sums stalled above the default target (n = 10^5, m = 1024: 189 iterations and 44 s without
+        # converging, where float64 data took 5 and 4.2 s). The coefficients come back in the data's dtype.
+        wide = X.dtype if self.source_ == "direct" else torch.float64
+        Xw, Lw, Yw = (t.detach().to(wide) for t in (X, L, Y))
+        K_nm, fast_nm = self.make_sources(self.source_, Xw, Lw, fast="preconditioner")
         if self.source_ == "sharded":  # K_mm's rows split over the ranks too; vectors by row are whole
-            Y = self._sharding.gather_rows(Y)[0]
+            Yw = self._sharding.gather_rows(Yw)[0]
             share = slice(m * self._sharding.rank // self._sharding.size, m * (self._sharding.rank + 1) // self._sharding.size)
-            K_mm = ShardedKernel(self._kernel, L[share], L, sharding=self._sharding, chunk_size=self.chunk_size)
+            K_mm = ShardedKernel(self._kernel, Lw[share], Lw, sharding=self._sharding, chunk_size=self.chunk_size)
             fast_mm = K_mm.with_tile_dtype(fast_nm.tile_dtype)
         else:
-            K_mm, fast_mm = self.make_sources(self.source_, L.detach(), fast="preconditioner")
+            K_mm, fast_mm = self.make_sources(self.source_, Lw, fast="preconditioner")
         eye = torch.eye(m, dtype=X.dtype, device=X.device)
         with torch.no_grad():
-            rhs = K_nm.rmatmul_nograd(Y.detach())
+            rhs = K_nm.rmatmul_nograd(Yw)
             if self.source_ == "direct":
                 # min ||K_nm c - y||^2 + alpha ||R c||^2 with K_mm = R^T R, by QR of the stacked matrix.
                 Kmm = K_mm.matrix
@@ -331,6 +336,7 @@ class LandmarkRidge(_Ridge):
                     return self._cg(normal, M, self.rtol if self.rtol is not None else FALKON_RTOL, norm="preconditioned")
 
             coef, info, adjoint = self._solve(rhs, alpha, make_solver, K_nm.shape[0] * m + m * m)  # entries a product evaluates
+            coef = coef.to(X.dtype)
 
         def residual(c):  # K_nm^T (y - K_nm c) - alpha K_mm c, differentiable
             K_nm, K_mm = self.make_sources("streamed", X, L)[0], self.make_sources("streamed", L)[0]

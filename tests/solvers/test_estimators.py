@@ -93,6 +93,21 @@ def test_landmark_on_a_row_sample_stops_on_the_preconditioned_residual(monkeypat
     assert float((est.predict(Xq.to(dtype)).double() - prediction).norm() / prediction.norm()) < tol
 
 
+def test_landmark_solves_float32_data_in_float64(monkeypatch):
+    """Float32 sums of the normal equations (K_nm's conditioning squared) stall above tight targets; the
+    iterative fit sums in float64 and returns float32 coefficients at float32 data's accuracy."""
+    import solvers.ridge
+
+    monkeypatch.setattr(solvers.ridge, "SAMPLE_SCALE", 0)
+    X, Y, Xq = _regression(n=157)
+    L = X[5:45]
+    Knm, Kmm = reference(RBF(0.5), X, L), reference(RBF(0.5), L, L)
+    prediction = reference(RBF(0.5), Xq, L) @ torch.linalg.solve(Knm.T @ Knm + 2.0 * Kmm, Knm.T @ Y)
+    est = LandmarkRidge(RBF(0.5), 2.0, landmarks=L.float(), source="streamed", rtol=1e-10).fit(X.float(), Y.float())
+    assert est.info_.converged and est.coef_.dtype == torch.float32
+    assert float((est.predict(Xq.float()).double() - prediction).norm() / prediction.norm()) < 1e-5
+
+
 def test_landmark_draws_reproducible_training_points():
     X, Y, _ = _regression()
     a = LandmarkRidge(RBF(0.5), 0.1, n_landmarks=20, source="streamed", random_state=4).fit(X, Y)
