@@ -43,14 +43,14 @@ class LowRankPreconditioner:
     rank could do (ridge, n = 32768, RBF, alpha 0.5: 18 iterations, 13 with
     float64 products; n = 10^5: 29 at rank 2048 and at 4096). One r x r Gram
     matrix, its extreme eigenvalues and a Cholesky factor, all float64.
-    With a ``sharding`` (a sharded fit: residuals whole on every rank) each rank
-    keeps its ``rows`` of ``F``: the Gram and ``F^T R`` are all-reduced and
-    ``F core`` all-gathered, so the factor's memory and float64 work split over the ranks.
+    With a ``sharding`` (a sharded fit: residuals whole on every rank) ``F`` is
+    this rank's ``rows`` of the factor (``pivoted_cholesky`` of a sharded source):
+    the Gram and ``F^T R`` are all-reduced and ``F core`` all-gathered.
     """
 
     def __init__(self, F: torch.Tensor, shift: float, *, sharding=None, rows: slice | None = None):
         self.sharding, self.rows = sharding, slice(None) if sharding is None else rows
-        self.F = F if sharding is None else F[rows].clone()
+        self.F = F
         self.gram = F.new_zeros(F.shape[1], F.shape[1], dtype=torch.float64)
         for _, block in self._blocks():
             self.gram.addmm_(block.T, block)
@@ -188,23 +188,39 @@ def pivoted_cholesky(source, rank: int, *, tolerance: float = 0.0, random_state:
     directions of a round's residual block below roundoff are dropped. Stops
     at ``rank`` columns or when the residual trace is at most ``tolerance``.
     ``dtype``: the factor's (default the source's; float32 halves its memory).
+    A sharded source (``own_columns``: a ``ShardedKernel``) gives each rank its own
+    rows of ``F``: the residual diagonal is gathered, so every rank draws the same
+    pivots, and the pivots' rows are summed over the ranks; the n r^2 updates and
+    the factor's memory split over them (``LowRankPreconditioner(..., sharding=)``).
     """
     _check_rank(rank)
     n = source.shape[0]
-    residual = source.diag().clone().clamp_min_(0)
-    F = residual.new_zeros(n, min(rank, n), dtype=dtype)  # filled left to right; returned as F[:, :found]
+    sharding = getattr(source, "sharding", None) if hasattr(source, "own_columns") else None
+    if sharding is None:
+        diag, columns, start = source.diag, source.columns, 0
+        everyone, summed = (lambda t: t), (lambda t: t)
+    else:
+        diag, columns, start = source.own_diag, source.own_columns, source.rows.start
+        everyone, summed = (lambda t: sharding.gather_rows(t)[0]), sharding.all_reduce
+    residual = diag().clone().clamp_min_(0)  # this process's rows
+    F = residual.new_zeros(residual.shape[0], min(rank, n), dtype=dtype)  # filled left to right; returned as F[:, :found]
     found = 0
     gen = torch.Generator().manual_seed(int(random_state))
     eps = torch.finfo(residual.dtype).eps
     while found < F.shape[1]:
-        total = float(residual.sum())
+        whole = everyone(residual)
+        total = float(whole.sum())
         if not total > tolerance or not total > 0:
             break
-        picks = min(PIVOT_BLOCK, F.shape[1] - found, int((residual > 0).sum()))
-        idx = torch.multinomial(residual.cpu().double(), picks, replacement=False, generator=gen).sort().values
+        picks = min(PIVOT_BLOCK, F.shape[1] - found, int((whole > 0).sum()))
+        idx = torch.multinomial(whole.cpu().double(), picks, replacement=False, generator=gen).sort().values
         idx = idx.to(residual.device)
-        block = source.columns(idx) - (F[:, :found] @ F[idx, :found].T).to(residual.dtype)
-        values, vectors = torch.linalg.eigh((block[idx] + block[idx].T) / 2)
+        local = idx - start
+        mine = ((local >= 0) & (local < residual.shape[0])).nonzero().squeeze(1)  # which pivots are this process's rows
+        pivots = summed(_placed(F[local[mine], :found], mine, picks))  # F[idx, :found]
+        block = columns(idx) - (F[:, :found] @ pivots.T).to(residual.dtype)
+        square = summed(_placed(block[local[mine]], mine, picks))  # block[idx]
+        values, vectors = torch.linalg.eigh((square + square.T) / 2)
         keep = values > values.max() * picks * eps * 10
         if not keep.any():
             break
@@ -212,8 +228,15 @@ def pivoted_cholesky(source, rank: int, *, tolerance: float = 0.0, random_state:
         F[:, found:found + new.shape[1]] = new
         found += new.shape[1]
         residual = (residual - new.square().sum(1)).clamp_min_(0)
-        residual[idx] = 0
+        residual[local[mine]] = 0
     return F if found == F.shape[1] else F[:, :found].clone()
+
+
+def _placed(rows: torch.Tensor, at: torch.Tensor, count: int) -> torch.Tensor:
+    """``rows`` at positions ``at`` of ``count`` zero rows: one process's share of a block summed over ranks."""
+    out = rows.new_zeros(count, *rows.shape[1:])
+    out[at] = rows
+    return out
 
 
 def nystrom(source, rank: int, shift: float, random_state: int = 0) -> LowRankPreconditioner:

@@ -260,17 +260,19 @@ class ShardedKernel(Source):
         other.tile_dtype = other.local.tile_dtype
         return other
 
-    def _rows(self, local) -> torch.Tensor:
-        """Every rank's rows of ``local()`` (this rank's product, computed unsharded), in rank order."""
+    @staticmethod
+    def _own(local) -> torch.Tensor:
+        """``local()``, this rank's product, computed unsharded."""
         with torch.no_grad(), distributed.local():
-            mine = local()
-        return self.sharding.gather_rows(mine)[0]
+            return local()
+
+    def _rows(self, local) -> torch.Tensor:
+        """Every rank's rows of ``local()`` in rank order."""
+        return self.sharding.gather_rows(self._own(local))[0]
 
     def _summed(self, local) -> torch.Tensor:
         """The sum over ranks of ``local()`` (this rank's rows' contribution)."""
-        with torch.no_grad(), distributed.local():
-            mine = local()
-        return self.sharding.all_reduce(mine)
+        return self.sharding.all_reduce(self._own(local))
 
     def matmul(self, V):
         return self._rows(lambda: self.local.matmul(V))
@@ -282,17 +284,24 @@ class ShardedKernel(Source):
         """``K^T (K V)``: this rank's rows of ``K V`` stay local; one all-reduce of the (m, c) sum."""
         return self._summed(lambda: self.local.gram(V))
 
-    def diag(self) -> torch.Tensor:
+    def own_diag(self) -> torch.Tensor:
+        """This rank's rows of ``diag()`` (no collective)."""
         if not self.symmetric:
             raise ValueError("diag() needs a square kernel source (Y=None)")
-        own = StreamedKernel(self.local.kernel, self.local.X, tile_dtype=self.local.tile_dtype)
-        return self._rows(own.diag)
+        return self._own(StreamedKernel(self.local.kernel, self.local.X, tile_dtype=self.local.tile_dtype).diag)
+
+    def diag(self) -> torch.Tensor:
+        return self.sharding.gather_rows(self.own_diag())[0]
 
     def squared_row_norms(self) -> torch.Tensor:
         return self._rows(self.local.squared_row_norms)
 
+    def own_columns(self, idx: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of ``columns(idx)`` (no collective)."""
+        return self._own(lambda: self.local.columns(idx))
+
     def columns(self, idx: torch.Tensor) -> torch.Tensor:
-        return self._rows(lambda: self.local.columns(idx))
+        return self.sharding.gather_rows(self.own_columns(idx))[0]
 
     def row_gram(self, idx: torch.Tensor) -> torch.Tensor:
         """``idx`` over every rank's rows: each rank multiplies its own picks, one all-reduce of the m x m sum."""

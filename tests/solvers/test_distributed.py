@@ -49,6 +49,7 @@ def _check(rank, world_size):
             coef = model.dual_coef_ if name.startswith("ridge") else model.coef_
             _close(coef, ref.dual_coef_ if name.startswith("ridge") else ref.coef_, label)
             _close(model.predict(Xq), ref.predict(Xq), label + " predict")
+            assert model.info_.iterations == ref.info_.iterations, label  # the same preconditioner, split over ranks
             scalars = torch.tensor([model.info_.iterations, model.info_.matvecs], dtype=torch.float64)
             _same_on_ranks(torch.cat([scalars, coef.reshape(-1)]), world_size, label)
     # the preconditioner's sample smaller than n (s = m rows): each rank multiplies its own picks
@@ -112,6 +113,7 @@ def _check_spectral(rank, world_size):
                 _close(model.transform(Xq), ref.transform(Xq), label + " transform")
             if name == "lda":
                 assert list(model.classes_) == list(ref.classes_) and list(model.predict(Xq)) == list(ref.predict(Xq))
+            assert model.info_.iterations == ref.info_.iterations, label  # the same preconditioner, split over ranks
             scalars = torch.tensor([model.info_.iterations, model.info_.matvecs], dtype=torch.float64)
             _same_on_ranks(torch.cat([scalars, getattr(model, vectors).reshape(-1)]), world_size, label)
     with pytest.raises(ValueError, match="at least two classes"):  # counted over every rank's labels
