@@ -50,6 +50,8 @@ class LowRankPreconditioner:
 
     def __init__(self, F: torch.Tensor, shift: float, *, sharding=None, rows: slice | None = None):
         self.sharding, self.rows = sharding, slice(None) if sharding is None else rows
+        if sharding is not None and F.shape[0] != rows.stop - rows.start:
+            raise ValueError(f"F must hold this rank's {rows.stop - rows.start} rows, got {F.shape[0]}")
         self.F = F
         self.gram = F.new_zeros(F.shape[1], F.shape[1], dtype=torch.float64)
         for _, block in self._blocks():
@@ -239,6 +241,10 @@ def _placed(rows: torch.Tensor, at: torch.Tensor, count: int) -> torch.Tensor:
     return out
 
 
-def nystrom(source, rank: int, shift: float, random_state: int = 0) -> LowRankPreconditioner:
-    """Nystrom preconditioner for ``source + shift I`` from a rank-``rank`` pivoted Cholesky factor."""
-    return LowRankPreconditioner(pivoted_cholesky(source, rank, tolerance=shift, random_state=random_state), shift)
+def nystrom(source, rank: int, shift: float, random_state: int = 0, dtype: torch.dtype | None = None) -> LowRankPreconditioner:
+    """Nystrom preconditioner for ``source + shift I`` from a rank-``rank`` pivoted Cholesky factor (of ``dtype``);
+    a sharded source's ranks keep their own rows of it."""
+    F = pivoted_cholesky(source, rank, tolerance=shift, random_state=random_state, dtype=dtype)
+    if hasattr(source, "own_columns"):
+        return LowRankPreconditioner(F, shift, sharding=source.sharding, rows=source.rows)
+    return LowRankPreconditioner(F, shift)

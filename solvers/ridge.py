@@ -18,7 +18,7 @@ from .base import (
 from .implicit import implicit, requires_grad
 from .krylov import KrylovInfo, cg
 from .operators import Normal, Shifted
-from .preconditioners import Cholesky, Jacobi, LowRankPreconditioner, pivoted_cholesky
+from .preconditioners import Cholesky, Jacobi, nystrom
 from .sources import ShardedKernel
 
 __all__ = ["KernelRidge", "LandmarkRidge"]
@@ -201,10 +201,7 @@ class KernelRidge(_Ridge):
             low_rank = None
             if self.preconditioner == "nystrom":
                 smallest = float(alpha.detach().min())
-                factor = pivoted_cholesky(fast, self._rank(n), tolerance=smallest, random_state=self.random_state,
-                                          dtype=getattr(fast, "tile_dtype", X.dtype))
-                low_rank = LowRankPreconditioner(factor, smallest, sharding=self._sharding, rows=K.rows) \
-                    if self.source_ == "sharded" else LowRankPreconditioner(factor, smallest)
+                low_rank = nystrom(fast, self._rank(n), smallest, self.random_state, dtype=getattr(fast, "tile_dtype", X.dtype))
             diag = K.diag() if self.preconditioner == "jacobi" else None
 
             def make_solver(a):
