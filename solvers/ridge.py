@@ -101,13 +101,15 @@ class _Ridge(RegressorMixin, Estimator):
         groups = [(cols, make_solver(a)) for a, cols in _groups(alpha)]
         coef, infos = torch.empty_like(Y), []
         for cols, solve in groups:
-            coef[:, cols], info = solve(Y[:, cols].contiguous())
+            out, info = solve(Y[:, cols].contiguous())
+            coef[:, cols] = out.to(coef.dtype)
             infos.append(info)
 
         def adjoint(G):  # the backward pass's solve: reports non-convergence, writes nothing on the estimator
             lam, adjoint_infos = torch.empty_like(G), []
-            for cols, solve in groups:
-                lam[:, cols], info = solve(G[:, cols].contiguous())
+            for cols, solve in groups:  # a float32 fit solves in float64 (LandmarkRidge): cotangents keep their dtype
+                out, info = solve(G[:, cols].contiguous())
+                lam[:, cols] = out.to(lam.dtype)
                 adjoint_infos.append(info)
             self._report(_merge(adjoint_infos, [c for c, _ in groups], G.shape[1]), "the adjoint solve of the backward pass")
             return lam

@@ -95,7 +95,7 @@ def test_landmark_on_a_row_sample_stops_on_the_preconditioned_residual(monkeypat
 
 def test_landmark_solves_float32_data_in_float64(monkeypatch):
     """Float32 sums of the normal equations (K_nm's conditioning squared) stall above tight targets; the
-    iterative fit sums in float64 and returns float32 coefficients at float32 data's accuracy."""
+    iterative fit sums in float64 and returns float32 coefficients and gradients at float32 data's accuracy."""
     import solvers.ridge
 
     monkeypatch.setattr(solvers.ridge, "SAMPLE_SCALE", 0)
@@ -103,9 +103,17 @@ def test_landmark_solves_float32_data_in_float64(monkeypatch):
     L = X[5:45]
     Knm, Kmm = reference(RBF(0.5), X, L), reference(RBF(0.5), L, L)
     prediction = reference(RBF(0.5), Xq, L) @ torch.linalg.solve(Knm.T @ Knm + 2.0 * Kmm, Knm.T @ Y)
-    est = LandmarkRidge(RBF(0.5), 2.0, landmarks=L.float(), source="streamed", rtol=1e-10).fit(X.float(), Y.float())
-    assert est.info_.converged and est.coef_.dtype == torch.float32
-    assert float((est.predict(Xq.float()).double() - prediction).norm() / prediction.norm()) < 1e-5
+    grads = {}
+    for dtype in (torch.float64, torch.float32):  # gradients too: the adjoint solve runs in float64 as well
+        x = X.to(dtype).detach().clone().requires_grad_()
+        est = LandmarkRidge(RBF(0.5), 2.0, landmarks=L.to(dtype), source="streamed", rtol=1e-10).fit(x, Y.to(dtype))
+        assert est.info_.converged and est.coef_.dtype == dtype
+        out = est.predict(Xq.to(dtype))
+        assert float((out.double() - prediction).norm() / prediction.norm()) < 1e-5
+        out.sum().backward()
+        grads[dtype] = x.grad.double()
+    assert grads[torch.float32].dtype == torch.float64 and x.grad.dtype == torch.float32
+    assert float((grads[torch.float32] - grads[torch.float64]).norm() / grads[torch.float64].norm()) < 1e-4
 
 
 def test_landmark_draws_reproducible_training_points():
