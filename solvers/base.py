@@ -40,11 +40,11 @@ TILE_DTYPES = (None, torch.float32, torch.float64)
 # stored,direct`, docs/solvers.md): the direct factorization up to an estimator's
 # ``_auto_direct_max_n`` training points, then the iterative fit on the stored matrix while it takes
 # at most AUTO_STORED_MAX_BYTES, streamed above. Ridge (since its CG iterates on float64 tiles, session 34): direct
-# 1.2-1.3x faster at n = 1024 and 1280, equal at 1536, the stored fit 1.6x faster at 2048 (it was equal there before).
+# 1.2-1.3x faster at n = 1024 and 1280; the stored fit 1.1x faster at 1536 and 1.6x at 2048 (it was equal there before).
 # A dense eigh / SVD costs more: the stored Lanczos was as fast
 # at n = 256 and 2-4.7x faster from 512 on (PCA, SVD); LDA's direct solve (K H K, one Cholesky) won to 512.
 # A stored matrix's products are ATen matrix products, where each streamed pass evaluates the kernel again.
-AUTO_DIRECT_MAX_N = 1536
+AUTO_DIRECT_MAX_N = 1280
 AUTO_SPECTRAL_DIRECT_MAX_N = 256
 AUTO_STORED_MAX_BYTES = 128 << 20
 AUTO_RANK_MAX = 2048  # the default preconditioner rank's cap (a float32 factor: 8 KiB per training point)

@@ -190,19 +190,19 @@ def pivoted_cholesky(source, rank: int, *, tolerance: float = 0.0, random_state:
     directions of a round's residual block below roundoff are dropped. Stops
     at ``rank`` columns or when the residual trace is at most ``tolerance``.
     ``dtype``: the factor's (default the source's; float32 halves its memory).
-    A sharded source (``own_columns``: a ``ShardedKernel``) gives each rank its own
+    A sharded source (``own_picks``: a ``ShardedKernel``) gives each rank its own
     rows of ``F``: the residual diagonal is gathered, so every rank draws the same
     pivots, and the pivots' rows are summed over the ranks; the n r^2 updates and
     the factor's memory split over them (``LowRankPreconditioner(..., sharding=)``).
     """
     _check_rank(rank)
     n = source.shape[0]
-    sharding = getattr(source, "sharding", None) if hasattr(source, "own_columns") else None
+    sharding = source.sharding if hasattr(source, "own_picks") else None
     if sharding is None:
-        diag, columns, start = source.diag, source.columns, 0
+        diag, columns, picks_of = source.diag, source.columns, (lambda idx: (torch.arange(len(idx), device=idx.device), idx))
         everyone, summed = (lambda t: t), (lambda t: t)
     else:
-        diag, columns, start = source.own_diag, source.own_columns, source.rows.start
+        diag, columns, picks_of = source.own_diag, source.own_columns, source.own_picks
         everyone, summed = (lambda t: sharding.gather_rows(t)[0]), sharding.all_reduce
     residual = diag().clone().clamp_min_(0)  # this process's rows
     F = residual.new_zeros(residual.shape[0], min(rank, n), dtype=dtype)  # filled left to right; returned as F[:, :found]
@@ -217,11 +217,10 @@ def pivoted_cholesky(source, rank: int, *, tolerance: float = 0.0, random_state:
         picks = min(PIVOT_BLOCK, F.shape[1] - found, int((whole > 0).sum()))
         idx = torch.multinomial(whole.cpu().double(), picks, replacement=False, generator=gen).sort().values
         idx = idx.to(residual.device)
-        local = idx - start
-        mine = ((local >= 0) & (local < residual.shape[0])).nonzero().squeeze(1)  # which pivots are this process's rows
-        pivots = summed(_placed(F[local[mine], :found], mine, picks))  # F[idx, :found]
+        mine, rows = picks_of(idx)  # the pivots that are this process's rows: positions in idx, local rows
+        pivots = summed(_placed(F[rows, :found], mine, picks))  # F[idx, :found]
         block = columns(idx) - (F[:, :found] @ pivots.T).to(residual.dtype)
-        square = summed(_placed(block[local[mine]], mine, picks))  # block[idx]
+        square = summed(_placed(block[rows], mine, picks))  # block[idx]
         values, vectors = torch.linalg.eigh((square + square.T) / 2)
         keep = values > values.max() * picks * eps * 10
         if not keep.any():
@@ -230,7 +229,7 @@ def pivoted_cholesky(source, rank: int, *, tolerance: float = 0.0, random_state:
         F[:, found:found + new.shape[1]] = new
         found += new.shape[1]
         residual = (residual - new.square().sum(1)).clamp_min_(0)
-        residual[local[mine]] = 0
+        residual[rows] = 0
     return F if found == F.shape[1] else F[:, :found].clone()
 
 
@@ -245,6 +244,6 @@ def nystrom(source, rank: int, shift: float, random_state: int = 0, dtype: torch
     """Nystrom preconditioner for ``source + shift I`` from a rank-``rank`` pivoted Cholesky factor (of ``dtype``);
     a sharded source's ranks keep their own rows of it."""
     F = pivoted_cholesky(source, rank, tolerance=shift, random_state=random_state, dtype=dtype)
-    if hasattr(source, "own_columns"):
+    if hasattr(source, "own_picks"):
         return LowRankPreconditioner(F, shift, sharding=source.sharding, rows=source.rows)
     return LowRankPreconditioner(F, shift)

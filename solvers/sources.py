@@ -303,10 +303,15 @@ class ShardedKernel(Source):
     def columns(self, idx: torch.Tensor) -> torch.Tensor:
         return self.sharding.gather_rows(self.own_columns(idx))[0]
 
+    def own_picks(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Which of the global row indices ``idx`` are this rank's: their positions in ``idx`` and local row numbers."""
+        local = idx - self.rows.start
+        at = ((local >= 0) & (local < self.rows.stop - self.rows.start)).nonzero().squeeze(1)
+        return at, local[at]
+
     def row_gram(self, idx: torch.Tensor) -> torch.Tensor:
         """``idx`` over every rank's rows: each rank multiplies its own picks, one all-reduce of the m x m sum."""
-        mine = idx[(idx >= self.rows.start) & (idx < self.rows.stop)] - self.rows.start
-        return self._summed(lambda: self.local.row_gram(mine))
+        return self._summed(lambda: self.local.row_gram(self.own_picks(idx)[1]))
 
 
 def as_source(A) -> Source:
