@@ -19,6 +19,7 @@ import itertools
 from dataclasses import dataclass
 
 import sympy
+
 # sympy imports these on its first sum or product (inside Add/Mul.flatten): ~40 ms, mostly
 # sympy.combinatorics, that a process's first reduction would otherwise pay; imported with us instead.
 import sympy.calculus.accumulationbounds  # noqa: F401

@@ -53,6 +53,22 @@ def test_every_reduction_compiled(kind):
     check(kind, "j", 19, 27, torch.float32, chunk=(8, 16), backend="compiled")
 
 
+@pytest.mark.parametrize("dtype,width", [(torch.float64, 3), (torch.float32, 11)])
+def test_narrow_and_wide_weight_sums_compiled_both_axes(dtype, width):
+    """Narrow weights are summed by a reduction fused into the tile (``sum.FUSED_PRODUCT_BYTES``), wide ones by
+    a matrix product: both against float64 dense, over j and over i."""
+    g = torch.Generator().manual_seed(width)
+    x, y = torch.randn(37, 3, generator=g, dtype=dtype), torch.randn(29, 3, generator=g, dtype=dtype)
+    b, c = torch.randn(29, width, generator=g, dtype=dtype), torch.randn(37, width, generator=g, dtype=dtype)
+    K = (-0.5 * lt.Vi(x).sqdist(lt.Vj(y))).exp()
+    rows = (K * lt.Vj(b)).sum(1, backend="compiled", chunk_size=(16, 8))
+    columns = (K * lt.Vi(c)).sum(0, backend="compiled", chunk_size=(16, 8))
+    dense = torch.exp(-0.5 * torch.cdist(x.double(), y.double()) ** 2)
+    tol = dict(rtol=1e-10, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rows.double(), dense @ b.double(), **tol)
+    torch.testing.assert_close(columns.double(), dense.T @ c.double(), **tol)
+
+
 def test_new_sizes_reuse_the_kernel():
     def run(n, m):
         x, y = torch.randn(n, 3), torch.randn(m, 3)
