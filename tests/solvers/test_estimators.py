@@ -93,6 +93,24 @@ def test_landmark_on_a_row_sample_stops_on_the_preconditioned_residual(monkeypat
     assert float((est.predict(Xq.to(dtype)).double() - prediction).norm() / prediction.norm()) < tol
 
 
+def test_streamed_ridge_iterates_in_single_precision_and_converges_in_double(monkeypatch):
+    """Float64 data: CG's products are passes all in float32 (tiles and sums), each restart's residual float64's;
+    the coefficients still meet a target far below float32's precision."""
+    from solvers import sources
+
+    sums, real = [], sources.StreamedKernel._sum
+    monkeypatch.setattr(sources.StreamedKernel, "_sum",
+                        lambda self, terms, dim: sums.append((self.tile_dtype, self.sum_dtype)) or real(self, terms, dim))
+    X, Y, _ = _regression(n=300)
+    est = KernelRidge(RBF(0.4), 0.3, source="streamed", rtol=1e-11).fit(X, Y)
+    direct = KernelRidge(RBF(0.4), 0.3, source="direct").fit(X, Y)
+    assert (torch.float32, torch.float32) in sums and (torch.float64, torch.float64) in sums and est.info_.converged
+    assert float((est.dual_coef_ - direct.dual_coef_).norm() / direct.dual_coef_.norm()) < 1e-9
+    sums.clear()  # a given tile_dtype keeps its float64 sums
+    KernelRidge(RBF(0.4), 0.3, source="streamed", tile_dtype=torch.float32).fit(X, Y)
+    assert (torch.float32, torch.float32) not in sums and (torch.float32, torch.float64) in sums
+
+
 def test_landmark_solves_float32_data_in_float64(monkeypatch):
     """Float32 sums of the normal equations (K_nm's conditioning squared) stall above tight targets; the
     iterative fit sums in float64 and returns float32 coefficients and gradients at float32 data's accuracy."""

@@ -51,6 +51,17 @@ def test_cg_refines_a_cheap_operator_against_the_exact_one():
     assert info.converged and ((B - A @ x).norm(dim=0) <= 1e-10 * B.norm(dim=0) * 1.0001).all()
 
 
+def test_cg_leaves_a_cheap_operator_once_its_recurrence_drifts():
+    """Ill-conditioned: float32 entries cannot reach the target, and a cheap cycle run to its recurrence target
+    wastes iterations past that floor (2.5x the exact run's here); the drift check hands over to the exact one."""
+    _, _, A = _spd(400, alpha=1e-4)
+    B = torch.randn(400, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    _, exact = cg(A, B, rtol=1e-10, maxiter=20000)
+    x, info = cg(A.float().double(), B, rtol=1e-10, exact=A, maxiter=20000)
+    assert info.converged and ((B - A @ x).norm(dim=0) <= 1e-10 * B.norm(dim=0) * 1.01).all()  # |x| ~ 4000: roundoff
+    assert exact.converged and info.iterations < 2 * exact.iterations
+
+
 def test_cg_atol_and_vector_rhs():
     _, _, A = _spd(50)
     b = torch.randn(50, dtype=torch.float64)
