@@ -28,6 +28,9 @@ import torch
 __all__ = ["LowRankPreconditioner", "Jacobi", "Cholesky", "Falkon", "pivoted_cholesky", "nystrom"]
 
 UPCAST_BYTES = 8 * 2**20  # a low-rank factor's float64 row block
+# Float64 row blocks are kept (not upcast at every application) while they fit this budget: each upcast read and
+# wrote the whole factor (ridge n = 8192, rank 704, 2 targets: 0.14 s of a 2.7 s fit).
+KEPT_UPCAST_BYTES = 256 * 2**20
 JITTER_TRIES, JITTER_MAX = 12, 0.1  # a Cholesky jitter grows 100x a try, up to a tenth of the largest diagonal entry
 PIVOT_BLOCK = 64  # pivots drawn per round: one batched column evaluation each (16-64 measured equal)
 
@@ -53,6 +56,9 @@ class LowRankPreconditioner:
         if sharding is not None and F.shape[0] != rows.stop - rows.start:
             raise ValueError(f"F must hold this rank's {rows.stop - rows.start} rows, got {F.shape[0]}")
         self.F = F
+        self._kept = None
+        if F.shape[0] * F.shape[1] * 8 <= KEPT_UPCAST_BYTES:
+            self._kept = list(self._blocks())
         self.gram = F.new_zeros(F.shape[1], F.shape[1], dtype=torch.float64)
         for _, block in self._blocks():
             self.gram.addmm_(block.T, block)
@@ -63,7 +69,10 @@ class LowRankPreconditioner:
         self._shifted(shift)
 
     def _blocks(self):
-        """``(start, F[start:start + step] in float64)``: the factor's row blocks, one upcast at a time."""
+        """``(start, F[start:start + step] in float64)``: the factor's row blocks, one upcast at a time (or kept)."""
+        if self._kept is not None:
+            yield from self._kept
+            return
         step = max(1, UPCAST_BYTES // (8 * max(1, self.F.shape[1])))
         for start in range(0, self.F.shape[0], step):
             yield start, self.F[start:start + step].double()
@@ -87,10 +96,10 @@ class LowRankPreconditioner:
 
     def __call__(self, R: torch.Tensor) -> torch.Tensor:
         Rd = R.double()[self.rows]
-        FtR = Rd.new_zeros(self.F.shape[1], R.shape[1])
+        RtF = Rd.new_zeros(R.shape[1], self.F.shape[1])  # R^T F, not F^T R: MKL's F^T R with 2 columns was 5x slower
         for start, block in self._blocks():
-            FtR.addmm_(block.T, Rd[start:start + block.shape[0]])
-        core = torch.cholesky_solve(self._summed(FtR), self.chol)
+            RtF.addmm_(Rd[start:start + block.shape[0]].T, block)
+        core = torch.cholesky_solve(self._summed(RtF.T), self.chol).T.contiguous().T  # column-major: 1.4x faster
         out = Rd.clone()
         for start, block in self._blocks():
             out[start:start + block.shape[0]].sub_(block @ core)
