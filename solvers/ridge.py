@@ -167,7 +167,8 @@ class KernelRidge(_Ridge):
     (Cholesky) or ``"auto"`` (direct up to ``AUTO_DIRECT_MAX_N`` points, then stored while the matrix takes at
     most ``AUTO_STORED_MAX_BYTES``, streamed above). The
     iterative fit is block CG with a rank-``rank`` Nystrom preconditioner from
-    randomly pivoted Cholesky (or Jacobi). Fit and predictions are
+    randomly pivoted Cholesky (or Jacobi); for float64 data its products are
+    single-precision passes, refined against float64 residuals. Fit and predictions are
     differentiable with respect to ``X``, ``y``, query points, ``alpha`` (when
     a tensor) and every tensor the kernel formula closes over (implicit
     differentiation: one adjoint solve).
@@ -231,8 +232,9 @@ class KernelRidge(_Ridge):
     def _iteration_source(self, exact, fast):
         """What CG iterates on: ``fast`` where a ``tile_dtype`` was given (summed in the data's dtype); by
         default, for float64 data, the kernel all in single precision (``sum_dtype``: a pass 2x faster than
-        float64's), refined against ``exact``; else ``exact``. n = 8192, d = 8, one thread (docs/solvers.md):
-        17 single-precision iterations and 2 exact passes, 2.1 s, against 14 exact iterations, 2.8 s."""
+        float64's), refined against ``exact``; else ``exact``. n = 8192, d = 8, one target, one thread (a
+        ``/tmp`` script): 17 single-precision iterations and 2 exact passes, 2.1 s, against 14 exact iterations,
+        2.8 s; with the harness's 2 targets, docs/solvers.md."""
         if self.tile_dtype is not None or fast is exact or fast.tile_dtype == exact.dtype:
             return fast
         return fast.with_tile_dtype(fast.tile_dtype, sum_dtype=fast.tile_dtype)
