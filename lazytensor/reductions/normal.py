@@ -18,7 +18,7 @@ from .. import autograd, distributed, ir, variables
 from ..lazy_tensor import LazyTensor
 from ..plan import MAX_TILE_ROWS, PAIRS_PER_TILE, bucket, check_chunk_size
 from .base import Reduction, column_side, masked
-from .sum import accumulation_dtype
+from .sum import accumulation_dtype, tile_product
 
 __all__ = ["NormalProduct", "normal_product"]
 
@@ -61,7 +61,9 @@ class NormalProduct(Reduction):
         kernel, weights = values
         kernel = self._acc(masked(masked(kernel, rowmask, 0.0), mask, 0.0)[..., 0])
         weights = self._acc(column_side(masked(weights, mask, 0.0)))
-        return (kernel.mT @ (kernel @ weights),)
+        # (U^T K_b)^T, not K_b^T U: Inductor handed MKL the narrow U row-major (AMD EPYC, n = 50000,
+        # m = 1024, float64, one thread: C = 1 / 2 / 16 passes 0.144 / 0.338 / 0.416 s -> 0.123 / 0.147 / 0.285 s)
+        return ((tile_product(kernel, weights).mT @ kernel).mT,)
 
     def combine(self, state, partial, at):
         width = state[0].shape[1]

@@ -17,6 +17,19 @@ _FLIP = {"i": "j", "j": "i", "p": "p"}
 FUSED_PRODUCT_BYTES = 32
 
 
+def narrow(matrix: torch.Tensor, columns: int) -> bool:
+    """Whether a compiled tile forms ``matrix @ W`` with ``columns`` weight columns as a fused reduction."""
+    return torch.compiler.is_compiling() and columns * matrix.element_size() <= FUSED_PRODUCT_BYTES
+
+
+def tile_product(matrix: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``matrix @ weights`` in a tile: narrow weights as a broadcast product summed (Inductor fuses the sum into
+    the tile's loop), others as a matrix product."""
+    if narrow(matrix, weights.shape[-1]):
+        return (matrix.unsqueeze(-1) * weights.unsqueeze(-3)).sum(-2)
+    return torch.matmul(matrix, weights)
+
+
 class Sum(Reduction):
     """sum over the reduced axis of F, written as sum of A * (S @ W) terms when F allows it.
 
@@ -95,8 +108,8 @@ class Sum(Reduction):
         products = {}
         for group, (matrix, columns) in stacks.items():
             columns = [matrix.new_ones(1, matrix.shape[-1], 1) if c is None else c for c in columns]
-            if torch.compiler.is_compiling() and sum(c.shape[-1] for c in columns) * matrix.element_size() <= FUSED_PRODUCT_BYTES:
-                products[group] = [(matrix.unsqueeze(-1) * c.unsqueeze(1)).sum(2) for c in columns]
+            if narrow(matrix, sum(c.shape[-1] for c in columns)):
+                products[group] = [tile_product(matrix, c) for c in columns]
                 continue
             if len(columns) == 1:  # nothing to stack or split (a copy and a split per tile saved)
                 products[group] = [torch.matmul(matrix, columns[0].mT.contiguous().mT)]

@@ -69,6 +69,19 @@ def test_narrow_and_wide_weight_sums_compiled_both_axes(dtype, width):
     torch.testing.assert_close(columns.double(), dense.T @ c.double(), **tol)
 
 
+@pytest.mark.parametrize("width", [2, 9])
+def test_normal_product_compiled_with_narrow_and_wide_weights(width):
+    """``K^T (K W)`` in one compiled pass: the inner product fused for narrow weights, a matrix product for wide."""
+    from lazytensor.reductions.normal import normal_product
+
+    g = torch.Generator().manual_seed(width)
+    x, y = torch.randn(45, 3, generator=g, dtype=torch.float64), torch.randn(21, 3, generator=g, dtype=torch.float64)
+    w = torch.randn(21, width, generator=g, dtype=torch.float64)
+    out = normal_product((-0.5 * lt.Vi(x).sqdist(lt.Vj(y))).exp() * lt.Vj(w), backend="compiled", chunk_size=16)
+    dense = torch.exp(-0.5 * torch.cdist(x, y) ** 2)
+    torch.testing.assert_close(out, dense.T @ (dense @ w), rtol=1e-10, atol=1e-10)
+
+
 def test_new_sizes_reuse_the_kernel():
     def run(n, m):
         x, y = torch.randn(n, 3), torch.randn(m, 3)
