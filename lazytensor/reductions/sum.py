@@ -30,6 +30,10 @@ def tile_product(matrix: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return torch.matmul(matrix, weights)
 
 
+def _is_one(a) -> bool:
+    return not isinstance(a, torch.Tensor) and a == 1
+
+
 class Sum(Reduction):
     """sum over the reduced axis of F, written as sum of A * (S @ W) terms when F allows it.
 
@@ -128,19 +132,20 @@ class Sum(Reduction):
             terms.append(((kind, group), values[at : at + width]))
             at += width
         products = self._products(terms, mask)
-        total = 0.0
+        total = None
         for (kind, group), parts in terms:
             if kind == "tile":
-                total = total + self._acc(masked(parts[0], mask, 0.0)).sum(self._summed_dim)
-                continue
-            a, _, w = parts
-            if group is not None:
-                r = products[group].pop(0)
-            elif "w" in kind:
-                r = self._acc(masked(w, mask, 0.0)).sum(self._summed_dim)
+                term = self._acc(masked(parts[0], mask, 0.0)).sum(self._summed_dim)
             else:
-                r = self._acc(mask.sum(self._summed_dim) * w)
-            total = total + self._acc(self._kept(a)) * r
+                a, _, w = parts
+                if group is not None:
+                    r = products[group].pop(0)
+                elif "w" in kind:
+                    r = self._acc(masked(w, mask, 0.0)).sum(self._summed_dim)
+                else:
+                    r = self._acc(mask.sum(self._summed_dim) * w)
+                term = r if _is_one(a) else self._acc(self._kept(a)) * r  # an eager tile's product with 1 saved
+            total = term if total is None else total + term
         return (total,)
 
     def combine(self, state, partial, at):
