@@ -67,8 +67,8 @@ class Pass:
         return out
 
 
-def _run(spec: Pass, tensors) -> list[tuple]:
-    problem = spec.problem(tensors)
+def _run(spec: Pass, tensors, problem: Problem | None = None) -> list[tuple]:
+    problem = problem or spec.problem(tensors)
     single = [r for r in spec.reductions if r.single_pass]
     options = spec.options
     streamed = iter(engine.stream(problem, single, **options) if single else [])
@@ -159,8 +159,10 @@ def reduce(problem: Problem, reductions, backend: str = "auto", chunk_size=None,
     spec = Pass(problem.info, tuple(problem.order), tuple(reductions), engine.check_backend(backend), chunk_size,
                 ranges, sharding)
     tensors = [problem.tensors[s] for s in problem.order]
-    flat = Streamed.apply(spec, *tensors) if _differentiated(tensors) else Streamed.forward(spec, *tensors)
-    outs = spec.split(flat)
+    if _differentiated(tensors):
+        outs = spec.split(Streamed.apply(spec, *tensors))
+    else:  # the problem as it is (outside the function, which takes tensors)
+        outs = _run(spec, tensors, problem)
     if ranges is None:
         return outs
     kept = ranges.kept(problem.device)  # sums over i (backward passes) need none: a column kept by no row stays 0

@@ -21,7 +21,6 @@ import collections
 import functools
 import time
 
-import sympy
 import torch
 
 from . import allocator, compile, ir, lower, threads
@@ -67,10 +66,9 @@ def _block(t: torch.Tensor, start: int, stop: int, extent: int, fixed: bool, fea
     stride 3 runs scalar code, ~3x slower).
     """
     part = t[:, start:stop]
-    if not (fixed or features_first):
-        return part
-    width = extent if fixed else part.shape[1]
-    buffer = t.new_zeros((t.shape[0], t.shape[2], width) if features_first else (t.shape[0], width, t.shape[2]))
+    if not fixed:
+        return part.transpose(1, 2).contiguous() if features_first else part
+    buffer = t.new_zeros((t.shape[0], t.shape[2], extent) if features_first else (t.shape[0], extent, t.shape[2]))
     (buffer.transpose(1, 2) if features_first else buffer)[:, : part.shape[1]] = part
     return buffer
 
@@ -90,25 +88,54 @@ def _valid(width: int, valid: int, dtype: torch.dtype, device, dim: int) -> torc
     return mask
 
 
-def _lifted(problem: Problem, consumers) -> tuple[Problem, list[list[sympy.Expr]]]:
-    """Float constants of the consumers' formulas as parameters (one kernel for every value)."""
-    exprs = [e for c in consumers for e in c.expressions]
-    lifted, constants = ir.lift_constants(exprs)
-    if constants:
+class _Setup:
+    """What a pass derives from its consumers and its variables' structure alone, kept for the calls that repeat
+    it (``_setup``): the formulas with float constants lifted to parameters (one kernel for every value), the
+    constants' values, whether the norm expansion is possible and the kernels' formula keys."""
+
+    def __init__(self, problem: Problem, consumers):
+        self.consumers = consumers
+        lifted, constants = ir.lift_constants([e for c in consumers for e in c.expressions])
+        self.exprs, at = [], 0
+        for c in consumers:
+            self.exprs.append(lifted[at : at + len(c.expressions)])
+            at += len(c.expressions)
         values = torch.tensor([v for _, v in constants], dtype=problem.dtype, device=problem.device)
-        problem = problem.extended({s: (values[k].reshape(1, 1), "p") for k, (s, _) in enumerate(constants)})
-    per_consumer, at = [], 0
-    for c in consumers:
-        per_consumer.append(lifted[at : at + len(c.expressions)])
-        at += len(c.expressions)
-    return problem, per_consumer
+        self.constants = {s: (values[k].reshape(1, 1), "p") for k, (s, _) in enumerate(constants)}
+        self.may_expand = lower.may_expand(lifted)
+        self.keys: dict[bool, tuple] = {}
+
+    def problem(self, problem: Problem) -> Problem:
+        return problem.extended(self.constants) if self.constants else problem
+
+    def expand(self, problem: Problem) -> bool:
+        """The norm expansion needs finite inputs (inf - inf is NaN where the exact answer is not); checked
+        only where a contraction is wide enough for it (the check costs two ATen calls per input)."""
+        indexed = (t for s, t in problem.tensors.items() if problem.info[s].axis != "p")
+        return self.may_expand and all(bool(torch.isfinite(t).all()) for t in indexed)
+
+    def formula_key(self, problem: Problem, expand: bool) -> tuple:
+        if expand not in self.keys:
+            self.keys[expand] = compile.formula_key(problem, self.consumers, self.exprs, expand)
+        return self.keys[expand]
 
 
-def _expansion_safe(problem: Problem, exprs) -> bool:
-    """The norm expansion needs finite inputs (inf - inf is NaN where the exact answer is not); checked
-    only where a contraction is wide enough for it (the check costs two ATen calls per input)."""
-    indexed = (t for s, t in problem.tensors.items() if problem.info[s].axis != "p")
-    return lower.may_expand(exprs) and all(bool(torch.isfinite(t).all()) for t in indexed)
+_SETUPS: collections.OrderedDict = collections.OrderedDict()
+MAX_SETUPS = 1024
+
+
+def _setup(problem: Problem, consumers) -> _Setup:
+    """The pass's ``_Setup``, cached by its consumers (the same objects when a call repeats: ``run._built``),
+    its variables' structure and the global state its kernels depend on (``compile.formula_key``)."""
+    key = (tuple(consumers), tuple((s, problem.info[s]) for s in problem.order), problem.dtype, problem.device,
+           torch.get_default_dtype(),
+           torch.is_autocast_enabled(problem.device.type) and torch.get_autocast_dtype(problem.device.type))
+    setup = _SETUPS.get(key)
+    if setup is None:
+        setup = _SETUPS[key] = _Setup(problem, consumers)
+        if len(_SETUPS) > MAX_SETUPS:
+            _SETUPS.popitem(last=False)
+    return setup
 
 
 def _nbytes(state) -> int:
@@ -155,10 +182,11 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
         return [c.empty(batch, n if c.reduced_axis == "j" else m, problem.dtype, problem.device) for c in consumers]
     if problem.device.type == "cpu":
         allocator.keep_tile_buffers()
-    problem, exprs = _lifted(problem, consumers)
-    expand = _expansion_safe(problem, [e for es in exprs for e in es])
-    formula_key = compile.formula_key(problem, consumers, exprs, expand)
-    loop = _TileLoop(problem, consumers, exprs, formula_key, expand, offset, sharding)
+    setup = _setup(problem, consumers)
+    problem = setup.problem(problem)
+    expand = setup.expand(problem)
+    formula_key = setup.formula_key(problem, expand)
+    loop = _TileLoop(problem, consumers, setup.exprs, formula_key, expand, offset, sharding)
     with threads.pass_threads(problem.device):
         _run(loop, problem, consumers, backend, chunk_size, ranges, formula_key, sizes if sharding is not None else None)
     return loop.results()
@@ -202,11 +230,16 @@ def _auto_tier(loop: "_TileLoop", problem: Problem, consumers, chunk_size, formu
     """
     n, m = problem.size("i"), problem.size("j")
     large = n * m >= compile.AUTO_COMPILE_MIN_PAIRS
-    compiled_plan = plan_tiles(problem, consumers, chunk_size, True)
-    kernel = loop.kernel(compiled_plan, True, create=large)
-    if kernel is not None and (kernel.ready or large and kernel.from_disk(loop.example_arguments(compiled_plan))):
-        loop.run(compiled_plan, True, kernel=kernel)  # compiled in this process, or by a build it finds on disk
-        routes["compiled"] += 1
+    if large or compile.compiled_before(formula_key):  # else no kernel of it can be ready
+        compiled_plan = plan_tiles(problem, consumers, chunk_size, True)
+        kernel = loop.kernel(compiled_plan, True, create=large)
+        if kernel is not None and (kernel.ready or large and kernel.from_disk(loop.example_arguments(compiled_plan))):
+            loop.run(compiled_plan, True, kernel=kernel)  # compiled in this process, or by a build it finds on disk
+            routes["compiled"] += 1
+            return
+    if not large:  # too small to compile: eager tiles, without the switch's bookkeeping
+        loop.run(plan_tiles(problem, consumers, chunk_size, False), False)
+        routes["eager"] += 1
         return
     spent = compile.eager_seconds(formula_key)
     started = time.perf_counter()
@@ -257,7 +290,7 @@ class _TileLoop:
         self.n, self.m, self.batch = problem.size("i"), problem.size("j"), problem.batch
         self.width = max(self.m, 1)  # an empty shard takes part with one masked column
         self.i_syms, self.j_syms, self.p_syms = (problem.axis_symbols(a) for a in ir.AXES)
-        tensors = {s: t.detach() for s, t in problem.tensors.items()}
+        tensors = {s: t.detach() if t.requires_grad else t for s, t in problem.tensors.items()}
         if self.m == 0:
             tensors.update({s: tensors[s].new_zeros(tensors[s].shape[0], 1, tensors[s].shape[2]) for s in self.j_syms})
         self.tensors = tensors
@@ -400,22 +433,27 @@ class _TileLoop:
             self.pending_bytes = 0
 
     def _store(self, k: int, outs: tuple, valid: int) -> None:
-        """A row block's outputs copied into whole-pass buffers (allocated at the first block).
+        """A row block's outputs copied into whole-pass buffers (allocated at the first block; a block of
+        every row is kept as it is).
 
         Kept as one small tensor per block, they landed in the holes the tiles' freed
         buffers left on glibc's heap, one per row block, so the next tile's buffers
         no longer fitted there and the heap grew instead: the quantile's first
         counting pass at 20000^2 grew the process by ~1 GiB (3 MiB a row block)."""
+        at = self.stored[k]
+        self.stored[k] = at + valid
+        if at == 0 and valid == self.n:
+            self.outputs[k].append(tuple(o if o.shape[1] == valid else o[:, :valid].contiguous() for o in outs))
+            return
         if not self.outputs[k]:
             self.outputs[k].append(tuple(o.new_empty(o.shape[0], self.n, *o.shape[2:]) for o in outs))
-        at = self.stored[k]
         for whole, o in zip(self.outputs[k][0], outs):
             whole[:, at : at + valid].copy_(o[:, :valid])
-        self.stored[k] = at + valid
 
     def results(self) -> list[tuple]:
         if self.pending:
             _merge_ranks(self.sharding, self.consumers, self.by_column, self.pending, self.batch, self.outputs)
         for k, state in self.column_states.items():
             self.outputs[k].append(tuple(o[:, : self.m] for o in self.consumers[k].finalize(state, self.width, self.batch)))
-        return [tuple(torch.cat(parts, 1) for parts in zip(*blocks)) for blocks in self.outputs]
+        return [blocks[0] if len(blocks) == 1 else tuple(torch.cat(parts, 1) for parts in zip(*blocks))
+                for blocks in self.outputs]

@@ -32,11 +32,14 @@ class Problem:
     def __post_init__(self):
         if not self.order:
             self.order = sorted(self.tensors, key=lambda s: (ir.AXES.index(self.info[s].axis), ir.creation_index(s)))
-
-    @functools.cached_property
-    def _by_axis(self) -> dict[str, list[sympy.Symbol]]:
-        """The symbols of each axis in kernel order (read many times a pass: computed once)."""
-        return {axis: [s for s in self.order if self.info[s].axis == axis] for axis in ir.AXES}
+        # read many times a pass, so computed once (plain attributes: a cached_property's lock cost ~1 us a read)
+        self._by_axis = {axis: [] for axis in ir.AXES}
+        for s in self.order:
+            self._by_axis[self.info[s].axis].append(s)
+        first = next(iter(self.tensors.values()), None)
+        self.batch = max((t.shape[0] for t in self.tensors.values()), default=1)
+        self.dtype = None if first is None else first.dtype
+        self.device = None if first is None else first.device
 
     def axis_symbols(self, axis: str) -> list[sympy.Symbol]:
         return list(self._by_axis[axis])
@@ -55,18 +58,6 @@ class Problem:
     def sharded_over(self, total: int) -> "Problem":
         """This problem as one rank's shard of a reduced axis of ``total`` entries over every rank."""
         return dataclasses.replace(self, total=total)
-
-    @functools.cached_property
-    def batch(self) -> int:
-        return max((t.shape[0] for t in self.tensors.values()), default=1)
-
-    @functools.cached_property
-    def dtype(self) -> torch.dtype:
-        return next(iter(self.tensors.values())).dtype
-
-    @functools.cached_property
-    def device(self) -> torch.device:
-        return next(iter(self.tensors.values())).device
 
     def swapped(self) -> "Problem":
         """The same variables with i and j exchanged: reducing over i."""

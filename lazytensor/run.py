@@ -26,6 +26,9 @@ REDUCTION_OPTIONS = ("backend", "chunk_size", "ranges", "out", "axis", "group", 
 # KeOps's summation orders: ours sums each tile, then the tiles ("block_sum"); "kahan_scheme" asks for more
 # accuracy than float32 accumulation, which sums give by accumulating in float64.
 SUM_SCHEMES = ("auto", "direct_sum", "block_sum", "kahan_scheme")
+# Reduction objects kept for calls that repeat (``_built``): the oldest goes first past this many.
+MAX_OBJECTS = 1024
+_OBJECTS: dict = {}
 
 
 def reduced_axis(dim, nbatchdims: int = 0) -> str:
@@ -73,7 +76,7 @@ def run(source, requests: list, axis: str, options: dict) -> list:
     formula_exprs = iter(formula_exprs)
     expr = ir.numeric(expr)
     arguments = [ir.numeric(next(formula_exprs)) if formula else a for formula, (_, a) in zip(is_formula, requests)]
-    objects = [e.build(expr, problem, a, source.width) for e, a in zip(entries, arguments)]
+    objects = [_built(e, expr, problem, a, source.width) for e, a in zip(entries, arguments)]
     results = autograd.reduce(problem, objects, backend, chunk_size, ranges=ranges, sharding=sharding)
     as_numpy = variables.from_numpy(merged)
     delivered = []
@@ -82,6 +85,27 @@ def run(source, requests: list, axis: str, options: dict) -> list:
         outs = _deliver(entry.shape(tuple(outs[k] for k in entry.outputs), source.width, argument), options.get("out"), as_numpy)
         delivered.append(outs[0] if len(outs) == 1 else outs)
     return delivered
+
+
+def _built(entry, expr, problem, argument, width: int):
+    """``entry``'s reduction object, cached by all it is built from: a call repeated in a loop gets the same
+    object, and with it the engine's per-pass set-up (``engine.stream``) without redoing its sympy work
+    (a ``Sum`` of the README's RBF product: ~25 us a call). Tensor and other unhashable arguments (quantile
+    levels) are built every call."""
+    try:
+        key = (entry, expr, tuple(problem.info.items()), problem.dtype, problem.device, problem.reduced_size, argument,
+               width)
+        hash(key)
+    except TypeError:
+        return entry.build(expr, problem, argument, width)
+    if isinstance(argument, torch.Tensor):
+        return entry.build(expr, problem, argument, width)
+    built = _OBJECTS.get(key)
+    if built is None:
+        built = _OBJECTS[key] = entry.build(expr, problem, argument, width)
+        if len(_OBJECTS) > MAX_OBJECTS:
+            del _OBJECTS[next(iter(_OBJECTS))]
+    return built
 
 
 def _ranges(ranges, problem, axis: str, batch: tuple, requests: list, entries: list):

@@ -82,6 +82,8 @@ def aligned(operands: list[tuple[sympy.Expr, dict]]) -> tuple[list[sympy.Expr], 
     match. Returns the renamed expressions and the merged variables.
     """
     (first, merged), *rest = operands
+    if not rest:  # one formula: its own variables (never mutated, so shared)
+        return [first], merged
     merged = dict(merged)
     symbol_of = {id(v): s for s, v in merged.items()}
     used = {ir.creation_index(s) for s in merged}
