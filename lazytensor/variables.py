@@ -170,8 +170,36 @@ def from_numpy(variables: dict) -> bool:
     return bool(arrays) and all(v.numpy for v in arrays)
 
 
+# Problem layouts kept per variables' structure (``problem``); the oldest goes first past this many.
+MAX_LAYOUTS = 1024
+_LAYOUTS: dict = {}
+
+
 def problem(variables: dict, axis: str) -> tuple[Problem, tuple]:
-    """The engine problem reducing over ``axis`` (variables validated, batch dims flattened) and the batch shape."""
+    """The engine problem reducing over ``axis`` (variables validated, batch dims flattened) and the batch shape.
+
+    What depends on the variables' structure alone (checks, info, order, batch)
+    is kept per structure: a call repeated in a loop only flattens its tensors.
+    Number-made parameters are converted to the formula's dtype (``check``) every call."""
+    key = None if any(v.follows_dtype for v in variables.values()) else (axis, tuple(
+        (s, v.axis, v.tensor.shape, v.tensor.dtype, v.tensor.device, v.numpy) for s, v in variables.items()))
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        layout = _layout(variables, axis)
+        if key is not None:
+            _LAYOUTS[key] = layout
+            if len(_LAYOUTS) > MAX_LAYOUTS:
+                del _LAYOUTS[next(iter(_LAYOUTS))]
+    info, order, batch, missing = layout
+    flat = math.prod(batch)
+    tensors = {s: _flatten_batch(v, batch, flat) for s, v in variables.items()}
+    if missing is not None:  # an i-only (j-only) formula: the kept axis has size 1
+        tensors[missing] = next(iter(tensors.values())).new_zeros(1, 1, 1)
+    return Problem(info, tensors, order), batch
+
+
+def _layout(variables: dict, axis: str) -> tuple:
+    """(info, order, batch shape, the missing axis's symbol or None) of a problem over ``variables``, after ``check``."""
     check(variables)
     known = info(variables)
     other = "i" if axis == "j" else "j"
@@ -180,15 +208,14 @@ def problem(variables: dict, axis: str) -> tuple[Problem, tuple]:
         raise ValueError(f"cannot reduce over {axis!r}: the formula has no {axis}-indexed variable, so the reduced size "
                          f"{size} is unknown; multiply by a {axis}-variable of that length (e.g. a column of ones)")
     batch = batch_shape(variables)
-    flat = math.prod(batch)
-    tensors = {s: _flatten_batch(v, batch, flat) for s, v in variables.items()}
-    if not any(v.axis == other for v in known.values()):  # an i-only (j-only) formula: the kept axis has size 1
-        anchor = next(iter(tensors.values()))
+    missing = None
+    if not any(v.axis == other for v in known.values()):
         missing = ir.position_symbol(1 + max(ir.creation_index(s) for s in known))
         known[missing] = ir.VarInfo(other, 1)
-        tensors[missing] = anchor.new_zeros(1, 1, 1)
-    out = Problem(known, tensors)
-    return (out.swapped() if axis == "i" else out), batch
+    if axis == "i":
+        known = {s: ir.VarInfo({"i": "j", "j": "i"}.get(v.axis, v.axis), v.dim) for s, v in known.items()}
+    order = sorted(known, key=lambda s: (ir.AXES.index(known[s].axis), ir.creation_index(s)))
+    return known, order, batch, missing
 
 
 def _flatten_batch(v: Variable, batch: tuple, flat: int) -> torch.Tensor:
