@@ -59,12 +59,6 @@ class Problem:
         """This problem as one rank's shard of a reduced axis of ``total`` entries over every rank."""
         return dataclasses.replace(self, total=total)
 
-    def swapped(self) -> "Problem":
-        """The same variables with i and j exchanged: reducing over i."""
-        flip = {"i": "j", "j": "i", "p": "p"}
-        info = {s: ir.VarInfo(flip[v.axis], v.dim) for s, v in self.info.items()}
-        return Problem(info, self.tensors, [])
-
     def extended(self, extra: dict[sympy.Symbol, tuple[torch.Tensor, str]]) -> "Problem":
         """The problem plus new variables (placed after the existing ones)."""
         info, tensors = dict(self.info), dict(self.tensors)
