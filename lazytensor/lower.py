@@ -362,8 +362,8 @@ def squares_by_feature(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     square and add ops cost 3D - 1 of each (a standalone script, one
     128 x 1024 tile, D = 8, 2 threads: 0.49 -> 0.24 ms)."""
     total = None
-    for k in range(a.shape[-1]):
-        d = a[:, :, None, k] + b[:, None, :, k]
+    for a_k, b_k in zip(a.unbind(-1), b.unbind(-1)):  # views by method calls: indexing costs ~3 us a view
+        d = a_k.unsqueeze(2) + b_k.unsqueeze(1)
         total = d.mul_(d) if total is None else total.addcmul_(d, d)
     return total.unsqueeze(-1)
 

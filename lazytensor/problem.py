@@ -36,6 +36,7 @@ class Problem:
         self._by_axis = {axis: [] for axis in ir.AXES}
         for s in self.order:
             self._by_axis[self.info[s].axis].append(s)
+        self._sizes = {axis: self.tensors[syms[0]].shape[1] for axis, syms in self._by_axis.items() if syms and axis != "p"}
         first = next(iter(self.tensors.values()), None)
         self.batch = max((t.shape[0] for t in self.tensors.values()), default=1)
         self.dtype = None if first is None else first.dtype
@@ -45,10 +46,10 @@ class Problem:
         return list(self._by_axis[axis])
 
     def size(self, axis: str) -> int:
-        syms = self._by_axis[axis]
-        if not syms:
+        size = self._sizes.get(axis)
+        if size is None:
             raise ValueError(f"the formula has no {axis}-indexed variable")
-        return self.tensors[syms[0]].shape[1]
+        return size
 
     @property
     def reduced_size(self) -> int:

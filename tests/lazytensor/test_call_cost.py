@@ -10,7 +10,7 @@ import torch
 from torch.autograd import forward_ad
 
 import lazytensor as lt
-from lazytensor import autograd, engine, plan, variables
+from lazytensor import autograd, engine, plan, run, variables
 
 
 def _rbf(x, y):
@@ -106,3 +106,45 @@ def test_unpadded_masks_are_marked_and_padded_ones_are_not():
     exact = (_dense_rbf(x.double(), y.double()) @ b.double()).float()  # float32 dense is itself off by ~3e-5
     for backend in ("eager", "compiled"):  # eager blocks are cut to size; compiled ones padded (and always masked)
         torch.testing.assert_close(_rbf(x, y).matmul(b, backend=backend), exact)
+
+
+def test_a_repeated_call_reuses_its_objects_and_set_up_but_not_its_values():
+    """Reduction objects, pass set-ups and layouts are kept per structure; new values, sizes,
+    dtypes and constants still give their own results."""
+    x, y, b = torch.randn(20, 3), torch.randn(30, 3), torch.randn(30, 4)
+    _rbf(x, y) @ b
+    objects, setups, layouts = len(run._OBJECTS), len(engine._SETUPS), len(variables._LAYOUTS)
+    for _ in range(3):
+        x, y, b = torch.randn(20, 3), torch.randn(30, 3), torch.randn(30, 4)
+        torch.testing.assert_close(_rbf(x, y) @ b, _dense_rbf(x, y) @ b)
+    assert (len(run._OBJECTS), len(engine._SETUPS), len(variables._LAYOUTS)) == (objects, setups, layouts)
+    torch.testing.assert_close(_rbf(x[:7], y[:11]) @ b[:11], _dense_rbf(x[:7], y[:11]) @ b[:11])  # another size
+
+    def rbf(scale, x, y):
+        return (-scale * lt.Vi(x).sqdist(lt.Vj(y))).exp()
+
+    rbf(0.3, x, y) @ b  # float32 first, then float64: the constant 0.3 in float64, not rounded to float32
+    x, y, b = x.double(), y.double(), b.double()
+    exact = torch.exp(-0.3 * ((x[:, None] - y[None]) ** 2).sum(-1)) @ b
+    torch.testing.assert_close(rbf(0.3, x, y) @ b, exact, rtol=1e-13, atol=0)
+    torch.testing.assert_close(rbf(2.0, x, y) @ b, torch.exp(-2.0 * ((x[:, None] - y[None]) ** 2).sum(-1)) @ b,
+                               rtol=1e-13, atol=0)  # another constant: its own value, the same kernel
+    with pytest.raises(ValueError, match="k=40 is larger"):  # a failed build is not kept
+        lt.Vi(x).sqdist(lt.Vj(y)).argkmin(40, dim=1)
+    with pytest.raises(ValueError, match="k=40 is larger"):
+        lt.Vi(x).sqdist(lt.Vj(y)).argkmin(40, dim=1)
+
+
+def test_a_repeated_call_checks_its_variables_again():
+    """Layouts are kept only after their checks passed, so a bad call fails every time; number-made
+    parameters take each call's dtype."""
+    x, y = torch.randn(5, 3), torch.randn(6, 3)
+    for _ in range(2):
+        (lt.Vi(x) * lt.Vj(y)).sum(1)  # the same shapes, checked and kept
+        with pytest.raises(TypeError, match="variable dtypes differ"):
+            (lt.Vi(x) * lt.Vj(y.double())).sum(1)
+    for dtype in (torch.float32, torch.float64, torch.float32):
+        p = lt.LazyTensor([2.0])
+        out = (lt.Vi(x.to(dtype)).sqdist(lt.Vj(y.to(dtype))) * p).sum(1)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out, 2 * ((x[:, None] - y[None]) ** 2).sum(-1).sum(1, keepdim=True).to(dtype))
