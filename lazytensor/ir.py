@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import sympy
 
@@ -29,9 +29,9 @@ import sympy.tensor.tensor  # noqa: F401
 AXES = ("i", "j", "p")
 
 
-@dataclass(frozen=True)
-class VarInfo:
-    """What the IR knows about a variable: its axis and feature size."""
+class VarInfo(NamedTuple):
+    """What the IR knows about a variable: its axis and feature size (a tuple: built and hashed on every
+    formula operation, ~3x cheaper than a frozen dataclass)."""
 
     axis: str  # "i", "j" or "p"
     dim: int
