@@ -10,7 +10,7 @@ import torch
 from torch.autograd import forward_ad
 
 import lazytensor as lt
-from lazytensor import autograd, engine, plan, run, variables
+from lazytensor import autograd, compile, engine, plan, run, variables
 
 
 def _rbf(x, y):
@@ -148,3 +148,26 @@ def test_a_repeated_call_checks_its_variables_again():
         out = (lt.Vi(x.to(dtype)).sqdist(lt.Vj(y.to(dtype))) * p).sum(1)
         assert out.dtype == dtype
         torch.testing.assert_close(out, 2 * ((x[:, None] - y[None]) ** 2).sum(-1).sum(1, keepdim=True).to(dtype))
+
+
+def test_a_problem_within_the_eager_tile_budget_is_one_eager_tile(monkeypatch):
+    """The issue's small problems (100 calls at 200 x 300) run as one dense tile: one kernel call, eager;
+    a larger one is cut into tiles."""
+    calls = []
+    kernel = engine._TileLoop.kernel
+
+    def counting(self, plan, compiled, *args, **kwargs):
+        fn = kernel(self, plan, compiled, *args, **kwargs)
+        return fn if compiled else lambda *a: (calls.append(1), fn(*a))[1]
+
+    monkeypatch.setattr(engine._TileLoop, "kernel", counting)
+    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", 1e9)  # the larger one stays eager too
+    for n, m, tiles in [(200, 300, 1), (3000, 3000, None)]:
+        x, y, b = torch.randn(n, 3), torch.randn(m, 3), torch.randn(m, 16)
+        calls.clear()
+        before = engine.routes["eager"]
+        out = (-lt.Vi(x).sqdist(lt.Vj(y)) / 8).exp() @ b
+        exact = torch.exp(-((x[:, None] - y[None]).double() ** 2).sum(-1) / 8) @ b.double()
+        torch.testing.assert_close(out.double(), exact, rtol=1e-4, atol=1e-4)  # float32 sums of 3000 terms
+        assert engine.routes["eager"] == before + 1
+        assert len(calls) == 1 if tiles == 1 else len(calls) > 1
