@@ -68,7 +68,7 @@ class Pass:
 
 
 def _run(spec: Pass, tensors, problem: Problem | None = None) -> list[tuple]:
-    problem = problem or spec.problem(tensors)
+    problem = spec.problem(tensors) if problem is None else problem
     single = [r for r in spec.reductions if r.single_pass]
     options = spec.options
     streamed = iter(engine.stream(problem, single, **options) if single else [])

@@ -24,6 +24,7 @@ import time
 import torch
 
 from . import allocator, compile, ir, lower, threads
+from .kept import Kept
 from .plan import TilePlan, plan_tiles, tile_schedule
 from .problem import Problem
 
@@ -120,22 +121,16 @@ class _Setup:
         return self.keys[expand]
 
 
-_SETUPS: collections.OrderedDict = collections.OrderedDict()
-MAX_SETUPS = 1024
+_SETUPS = Kept()
 
 
 def _setup(problem: Problem, consumers) -> _Setup:
-    """The pass's ``_Setup``, cached by its consumers (the same objects when a call repeats: ``run._built``),
+    """The pass's ``_Setup``, kept by its consumers (the same objects when a call repeats: ``run._built``),
     its variables' structure and the global state its kernels depend on (``compile.formula_key``)."""
     key = (tuple(consumers), tuple((s, problem.info[s]) for s in problem.order), problem.dtype, problem.device,
            torch.get_default_dtype(),
            torch.is_autocast_enabled(problem.device.type) and torch.get_autocast_dtype(problem.device.type))
-    setup = _SETUPS.get(key)
-    if setup is None:
-        setup = _SETUPS[key] = _Setup(problem, consumers)
-        if len(_SETUPS) > MAX_SETUPS:
-            _SETUPS.popitem(last=False)
-    return setup
+    return _SETUPS.get(key, lambda: _Setup(problem, consumers))
 
 
 def _nbytes(state) -> int:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from . import autograd, cluster, distributed, engine, ir, variables
+from .kept import Kept
 from .plan import check_chunk_size, check_ranges
 from .reductions import named
 
@@ -26,9 +27,7 @@ REDUCTION_OPTIONS = ("backend", "chunk_size", "ranges", "out", "axis", "group", 
 # KeOps's summation orders: ours sums each tile, then the tiles ("block_sum"); "kahan_scheme" asks for more
 # accuracy than float32 accumulation, which sums give by accumulating in float64.
 SUM_SCHEMES = ("auto", "direct_sum", "block_sum", "kahan_scheme")
-# Reduction objects kept for calls that repeat (``_built``): the oldest goes first past this many.
-MAX_OBJECTS = 1024
-_OBJECTS: dict = {}
+_OBJECTS = Kept()  # reduction objects of calls that repeat (``_built``)
 
 
 def reduced_axis(dim, nbatchdims: int = 0) -> str:
@@ -88,24 +87,21 @@ def run(source, requests: list, axis: str, options: dict) -> list:
 
 
 def _built(entry, expr, problem, argument, width: int):
-    """``entry``'s reduction object, cached by all it is built from: a call repeated in a loop gets the same
+    """``entry``'s reduction object, kept by all it is built from: a call repeated in a loop gets the same
     object, and with it the engine's per-pass set-up (``engine.stream``) without redoing its sympy work
     (a ``Sum`` of the README's RBF product: ~25 us a call). Tensor and other unhashable arguments (quantile
     levels) are built every call."""
+    def build():
+        return entry.build(expr, problem, argument, width)
+
+    if isinstance(argument, torch.Tensor):
+        return build()
+    key = (entry, expr, tuple(problem.info.items()), problem.dtype, problem.device, problem.reduced_size, argument, width)
     try:
-        key = (entry, expr, tuple(problem.info.items()), problem.dtype, problem.device, problem.reduced_size, argument,
-               width)
         hash(key)
     except TypeError:
-        return entry.build(expr, problem, argument, width)
-    if isinstance(argument, torch.Tensor):
-        return entry.build(expr, problem, argument, width)
-    built = _OBJECTS.get(key)
-    if built is None:
-        built = _OBJECTS[key] = entry.build(expr, problem, argument, width)
-        if len(_OBJECTS) > MAX_OBJECTS:
-            del _OBJECTS[next(iter(_OBJECTS))]
-    return built
+        return build()
+    return _OBJECTS.get(key, build)
 
 
 def _ranges(ranges, problem, axis: str, batch: tuple, requests: list, entries: list):

@@ -17,6 +17,7 @@ import sympy
 import torch
 
 from . import ir
+from .kept import Kept
 from .problem import Problem
 
 
@@ -170,9 +171,7 @@ def from_numpy(variables: dict) -> bool:
     return bool(arrays) and all(v.numpy for v in arrays)
 
 
-# Problem layouts kept per variables' structure (``problem``); the oldest goes first past this many.
-MAX_LAYOUTS = 1024
-_LAYOUTS: dict = {}
+_LAYOUTS = Kept()  # problem layouts by variables' structure (``problem``)
 
 
 def problem(variables: dict, axis: str) -> tuple[Problem, tuple]:
@@ -181,15 +180,11 @@ def problem(variables: dict, axis: str) -> tuple[Problem, tuple]:
     What depends on the variables' structure alone (checks, info, order, batch)
     is kept per structure: a call repeated in a loop only flattens its tensors.
     Number-made parameters are converted to the formula's dtype (``check``) every call."""
-    key = None if any(v.follows_dtype for v in variables.values()) else (axis, tuple(
-        (s, v.axis, v.tensor.shape, v.tensor.dtype, v.tensor.device, v.numpy) for s, v in variables.items()))
-    layout = _LAYOUTS.get(key)
-    if layout is None:
+    if any(v.follows_dtype for v in variables.values()):
         layout = _layout(variables, axis)
-        if key is not None:
-            _LAYOUTS[key] = layout
-            if len(_LAYOUTS) > MAX_LAYOUTS:
-                del _LAYOUTS[next(iter(_LAYOUTS))]
+    else:
+        key = (axis, tuple((s, v.axis, v.tensor.shape, v.tensor.dtype, v.tensor.device, v.numpy) for s, v in variables.items()))
+        layout = _LAYOUTS.get(key, lambda: _layout(variables, axis))
     info, order, batch, missing = layout
     flat = math.prod(batch)
     tensors = {s: _flatten_batch(v, batch, flat) for s, v in variables.items()}
