@@ -31,7 +31,7 @@ AXES = ("i", "j", "p")
 
 class VarInfo(NamedTuple):
     """What the IR knows about a variable: its axis and feature size (a tuple: built and hashed on every
-    formula operation, ~3x cheaper than a frozen dataclass)."""
+    formula operation: 0.25 us to build and hash against a frozen dataclass's 0.49 us)."""
 
     axis: str  # "i", "j" or "p"
     dim: int
