@@ -88,9 +88,8 @@ def run(source, requests: list, axis: str, options: dict) -> list:
 
 def _built(entry, expr, problem, argument, width: int):
     """``entry``'s reduction object, kept by all it is built from: a call repeated in a loop gets the same
-    object, and with it the engine's per-pass set-up (``engine.stream``) without redoing its sympy work
-    (a ``Sum`` of the README's RBF product: ~25 us a call). Tensor and other unhashable arguments (quantile
-    levels) are built every call."""
+    object, and with it the engine's kept per-pass set-up (``engine._setup``, keyed by its consumers).
+    Tensor and other unhashable arguments (quantile levels) are built every call."""
     def build():
         return entry.build(expr, problem, argument, width)
 
