@@ -32,7 +32,8 @@ class Problem:
     def __post_init__(self):
         if not self.order:
             self.order = sorted(self.tensors, key=lambda s: (ir.AXES.index(self.info[s].axis), ir.creation_index(s)))
-        # read many times a pass, so computed once (plain attributes: a cached_property's lock cost ~1 us a read)
+        # read many times a pass, so computed once (plain attributes: a cached_property's first read on each new
+        # problem takes a lock, ~0.8 us more than an attribute set here)
         self._by_axis = {axis: [] for axis in ir.AXES}
         for s in self.order:
             self._by_axis[self.info[s].axis].append(s)
