@@ -55,6 +55,8 @@ class LowRankPreconditioner:
         self.sharding, self.rows = sharding, slice(None) if sharding is None else rows
         if sharding is not None and F.shape[0] != rows.stop - rows.start:
             raise ValueError(f"F must hold this rank's {rows.stop - rows.start} rows, got {F.shape[0]}")
+        # every rank's row count, gathered once: each application's gather then needs no collective for it
+        self.sizes = None if sharding is None else sharding.sizes(F.shape[0], F.device)
         self.F = F
         self._kept = None
         if F.shape[0] * F.shape[1] * 8 <= KEPT_UPCAST_BYTES:
@@ -104,7 +106,7 @@ class LowRankPreconditioner:
         for start, block in self._blocks():
             out[start:start + block.shape[0]].sub_(block @ core)
         out = out.div_(self.nu)
-        return (out if self.sharding is None else self.sharding.gather_rows(out)[0]).to(R.dtype)
+        return (out if self.sharding is None else self.sharding.gather_rows(out, self.sizes)[0]).to(R.dtype)
 
     @property
     def rank(self) -> int:
@@ -212,7 +214,7 @@ def pivoted_cholesky(source, rank: int, *, tolerance: float = 0.0, random_state:
         everyone, summed = (lambda t: t), (lambda t: t)
     else:
         diag, columns, picks_of = source.own_diag, source.own_columns, source.own_picks
-        everyone, summed = (lambda t: sharding.gather_rows(t)[0]), sharding.all_reduce
+        everyone, summed = source.gather, sharding.all_reduce
     residual = diag().clone().clamp_min_(0)  # this process's rows
     F = residual.new_zeros(residual.shape[0], min(rank, n), dtype=dtype)  # filled left to right; returned as F[:, :found]
     found = 0

@@ -201,7 +201,7 @@ class KernelRidge(_Ridge):
         else:
             K, fast = self.make_sources(self.source_, X.detach(), fast="preconditioner")
             if self.source_ == "sharded":  # Krylov vectors are whole on every rank
-                X, Y = K.Y, self._sharding.gather_rows(Y)[0]  # K's columns: every rank's points
+                X, Y = K.Y, K.gather(Y)  # K's columns: every rank's points
             n = X.shape[0]
             low_rank = None
             if self.preconditioner == "nystrom":
@@ -288,9 +288,11 @@ class LandmarkRidge(_Ridge):
         idx = self._draw(n, m).to(X.device)
         if self.source != "sharded":
             return X[idx]
+        ends = torch.tensor(sizes).cumsum(0)
+        picks = torch.bucketize(idx.cpu(), ends, right=True).bincount(minlength=len(sizes)).tolist()  # per rank
         start = sum(sizes[:self._sharding.rank])
         mine = idx[(idx >= start) & (idx < start + X.shape[0])] - start
-        return self._sharding.gather_rows(X[mine])[0]  # rank order is index order
+        return self._sharding.gather_rows(X[mine], picks)[0]  # rank order is index order
 
     def _draw(self, n: int, k: int) -> torch.Tensor:
         """The first ``k`` of a permutation of ``n`` rows fixed by ``random_state``, sorted: drawn landmarks are
@@ -311,7 +313,7 @@ class LandmarkRidge(_Ridge):
         Xw, Lw, Yw = (t.detach().to(wide) for t in (X, L, Y))
         K_nm, fast_nm = self.make_sources(self.source_, Xw, Lw, fast="preconditioner")
         if self.source_ == "sharded":  # K_mm's rows split over the ranks too; vectors by row are whole
-            Yw = self._sharding.gather_rows(Yw)[0]
+            Yw = K_nm.gather(Yw)
             share = slice(m * self._sharding.rank // self._sharding.size, m * (self._sharding.rank + 1) // self._sharding.size)
             K_mm = ShardedKernel(self._kernel, Lw[share], Lw, sharding=self._sharding, chunk_size=self.chunk_size)
             fast_mm = K_mm.with_tile_dtype(fast_nm.tile_dtype)

@@ -249,14 +249,14 @@ class ShardedKernel(Source):
                  tile_dtype: torch.dtype | None = None):
         X_local = check_tensor(X_local, "X_local").detach()
         self.sharding = sharding or distributed.active() or distributed.Sharding()
-        sizes = self.sharding.sizes(X_local.shape[0], X_local.device)
-        start = sum(sizes[:self.sharding.rank])
+        self.sizes = self.sharding.sizes(X_local.shape[0], X_local.device)  # every rank's rows: gathers need no more
+        start = sum(self.sizes[:self.sharding.rank])
         self.rows = slice(start, start + X_local.shape[0])
         self.symmetric = Y is None  # then the columns are every rank's points, gathered once
-        self.Y = self.sharding.gather_rows(X_local)[0] if Y is None else check_tensor(Y, "Y").detach()
+        self.Y = self.gather(X_local) if Y is None else check_tensor(Y, "Y").detach()
         self.local = StreamedKernel(kernel, X_local, self.Y, chunk_size, tile_dtype)
         self.tile_dtype = self.local.tile_dtype
-        self.shape = (sum(sizes), self.Y.shape[0])
+        self.shape = (sum(self.sizes), self.Y.shape[0])
         self.dtype, self.device = X_local.dtype, X_local.device
 
     def with_tile_dtype(self, tile_dtype: torch.dtype, sum_dtype: torch.dtype | None = None) -> "ShardedKernel":
@@ -272,9 +272,13 @@ class ShardedKernel(Source):
         with torch.no_grad(), distributed.local():
             return local()
 
+    def gather(self, rows: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``rows`` (one per row of its ``X_local``) in rank order: one collective."""
+        return self.sharding.gather_rows(rows, self.sizes)[0]
+
     def _rows(self, local) -> torch.Tensor:
         """Every rank's rows of ``local()`` in rank order."""
-        return self.sharding.gather_rows(self._own(local))[0]
+        return self.gather(self._own(local))
 
     def _summed(self, local) -> torch.Tensor:
         """The sum over ranks of ``local()`` (this rank's rows' contribution)."""
@@ -297,7 +301,7 @@ class ShardedKernel(Source):
         return self._own(StreamedKernel(self.local.kernel, self.local.X, tile_dtype=self.local.tile_dtype).diag)
 
     def diag(self) -> torch.Tensor:
-        return self.sharding.gather_rows(self.own_diag())[0]
+        return self.gather(self.own_diag())
 
     def squared_row_norms(self) -> torch.Tensor:
         return self._rows(self.local.squared_row_norms)
@@ -307,7 +311,7 @@ class ShardedKernel(Source):
         return self._own(lambda: self.local.columns(idx))
 
     def columns(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.sharding.gather_rows(self.own_columns(idx))[0]
+        return self.gather(self.own_columns(idx))
 
     def own_picks(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Which of the global row indices ``idx`` are this rank's: their positions in ``idx`` and local row numbers."""
