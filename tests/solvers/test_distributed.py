@@ -122,6 +122,34 @@ def _check_spectral(rank, world_size):
         KernelPCA(RBF(0.5), n_components=25, source="sharded").fit(X[:10])  # 20 points over both ranks
 
 
+def _check_size_gathers(rank, world_size):
+    """Shard sizes are gathered once per sharded source (and once for the landmark draw), never per product:
+    each gloo collective costs 1.6-4 ms here."""
+    from lazytensor.distributed import Sharding
+
+    X, Y, _ = data()
+    rows = slice(0, 170) if rank == 0 else slice(170, 300)
+    calls, sizes = [], Sharding.sizes
+
+    def counted(self, *args):
+        calls.append(1)
+        return sizes(self, *args)
+
+    Sharding.sizes = counted
+    try:
+        landmark = LandmarkRidge(RBF(0.5), alpha=0.1, n_landmarks=50, source="sharded").fit(X[rows], Y[rows])
+        assert landmark.info_.matvecs >= 2 and len(calls) == 3, (landmark.info_.matvecs, len(calls))  # K_nm, K_mm, draw
+        calls.clear()
+        ridge = KernelRidge(RBF(0.5), alpha=0.1, source="sharded", rtol=1e-12).fit(X[rows], Y[rows])
+        assert ridge.info_.matvecs > 5 and len(calls) <= 2, (ridge.info_.matvecs, len(calls))  # K, the preconditioner
+    finally:
+        Sharding.sizes = sizes
+
+
+def test_sharded_fits_gather_shard_sizes_once_per_source():
+    run_on_ranks(_check_size_gathers)
+
+
 @pytest.mark.slow
 def test_sharded_ridge_fits_equal_single_process():
     run_on_ranks(_check)
