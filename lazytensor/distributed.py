@@ -71,7 +71,7 @@ class Sharding:
     def gather_rows(self, t: torch.Tensor, sizes: list[int] | None = None) -> tuple[torch.Tensor, list[int]]:
         """Every rank's rows of ``t`` concatenated in rank order (shards may differ in length),
         with the shard lengths: one all-gather of the longest shard's size. ``sizes``: every rank's
-        row count where the caller knows it (one collective fewer; gloo's cost ~1-2 ms each)."""
+        row count where the caller knows it (one collective fewer: 1.6-4 ms each on gloo here)."""
         sizes = self.sizes(t.shape[0], t.device) if sizes is None else sizes
         longest = max(sizes)
         padded = t if t.shape[0] == longest else torch.cat([t, t.new_zeros(longest - t.shape[0], *t.shape[1:])])
