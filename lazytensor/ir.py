@@ -27,6 +27,7 @@ import sympy.matrices.expressions  # noqa: F401
 import sympy.tensor.tensor  # noqa: F401
 
 AXES = ("i", "j", "p")
+FLIPPED = {"i": "j", "j": "i", "p": "p"}  # each axis with i and j exchanged (reducing over i, transposing)
 
 
 class VarInfo(NamedTuple):

@@ -18,7 +18,7 @@ import torch
 
 from . import ir
 from .kept import Kept
-from .problem import Problem
+from .problem import Problem, kernel_order
 
 
 class Variable:
@@ -110,8 +110,8 @@ def _renamed(expr: sympy.Expr, rename: tuple) -> sympy.Expr:
 
 def transposed(variables: dict) -> dict:
     """The variables with i and j exchanged (new ``Variable`` objects: x_i and its transpose x_j differ)."""
-    flip = {"i": "j", "j": "i", "p": "p"}
-    return {s: v if v.axis == "p" else Variable(flip[v.axis], v.tensor, v.follows_dtype, v.numpy) for s, v in variables.items()}
+    return {s: v if v.axis == "p" else Variable(ir.FLIPPED[v.axis], v.tensor, v.follows_dtype, v.numpy)
+            for s, v in variables.items()}
 
 
 def keops_layout(x: torch.Tensor) -> tuple[torch.Tensor, str]:
@@ -208,9 +208,8 @@ def _layout(variables: dict, axis: str) -> tuple:
         missing = ir.position_symbol(1 + max(ir.creation_index(s) for s in known))
         known[missing] = ir.VarInfo(other, 1)
     if axis == "i":
-        known = {s: ir.VarInfo({"i": "j", "j": "i"}.get(v.axis, v.axis), v.dim) for s, v in known.items()}
-    order = sorted(known, key=lambda s: (ir.AXES.index(known[s].axis), ir.creation_index(s)))
-    return known, order, batch, missing
+        known = {s: ir.VarInfo(ir.FLIPPED[v.axis], v.dim) for s, v in known.items()}
+    return known, kernel_order(known, known), batch, missing
 
 
 def _flatten_batch(v: Variable, batch: tuple, flat: int) -> torch.Tensor:

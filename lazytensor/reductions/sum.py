@@ -7,7 +7,6 @@ import torch
 from .. import ir
 from .base import Reduction, column_side, masked, row_side
 
-_FLIP = {"i": "j", "j": "i", "p": "p"}
 # A compiled tile sums products with at most this many bytes of weights per row as a reduction fused into the
 # tile's loop; wider ones as a matrix product on the tile. Inductor hands BLAS the weights row-major, and MKL's
 # product with 2-8 row-major columns ran at a sixth of its speed (one (256, 1024) @ (1024, 2) float32 tile: 301 us,
@@ -66,7 +65,7 @@ class Sum(Reduction):
                  dtype_acc: torch.dtype | None = None):
         self.expr, self.reduced_axis, self.dtype_acc = expr, reduced_axis, dtype_acc
         self.dim = dim or ir.feature_dim(expr, info)
-        frame = info if reduced_axis == "j" else {s: ir.VarInfo(_FLIP[v.axis], v.dim) for s, v in info.items()}
+        frame = info if reduced_axis == "j" else {s: ir.VarInfo(ir.FLIPPED[v.axis], v.dim) for s, v in info.items()}
         self.terms = []  # (kind, index of the shared S or None) per term
         self.expressions = []
         shared: dict[sympy.Expr, int] = {}
