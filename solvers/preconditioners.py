@@ -25,6 +25,8 @@ import copy
 
 import torch
 
+from .sources import symmetric_gram
+
 __all__ = ["LowRankPreconditioner", "Jacobi", "Cholesky", "Falkon", "pivoted_cholesky", "nystrom"]
 
 UPCAST_BYTES = 8 * 2**20  # a low-rank factor's float64 row block
@@ -61,10 +63,7 @@ class LowRankPreconditioner:
         self._kept = None
         if F.shape[0] * F.shape[1] * 8 <= KEPT_UPCAST_BYTES:
             self._kept = list(self._blocks())
-        self.gram = F.new_zeros(F.shape[1], F.shape[1], dtype=torch.float64)
-        for _, block in self._blocks():
-            self.gram.addmm_(block.T, block)
-        self.gram = self._summed(self.gram)
+        self.gram = self._summed(symmetric_gram((block for _, block in self._blocks()), F.shape[1], torch.float64, F.device))
         lam = torch.linalg.eigvalsh(self.gram) if F.shape[1] else self.gram.new_zeros(1)
         self.floor = float(lam[-1]) * torch.finfo(torch.float64).eps ** 0.5
         self.lam_r = float(lam[0].clamp_min(0))

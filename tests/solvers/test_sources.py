@@ -132,11 +132,30 @@ def test_row_gram_is_the_normal_matrix_of_the_rows(monkeypatch):
     idx = torch.tensor([0, 3, 4, 17, 40, 41, 60])
     want = K[idx].T @ K[idx]
     monkeypatch.setattr(solvers.sources, "ROW_BLOCK_BYTES", 3 * 19 * 8)  # three rows a block
+    monkeypatch.setattr(solvers.sources, "GRAM_MIN_WIDTH", 4)  # four column blocks of 4-5 columns
     streamed = StreamedKernel(RBF(0.5), X, Y)
     torch.testing.assert_close(streamed.row_gram(idx), want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(streamed.with_tile_dtype(torch.float32).row_gram(idx), want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(StoredKernel(K).row_gram(idx), want, rtol=1e-12, atol=1e-12)
     assert streamed.row_gram(idx[:0]).abs().max() == 0 and streamed.row_gram(idx[:0]).shape == (19, 19)
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.lists(st.integers(0, 9), max_size=4), size=st.integers(0, 300),
+       dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_symmetric_gram_is_the_sum_of_the_blocks_normal_matrices(rows, size, dtype):
+    """Only the upper column blocks are multiplied: the mirrored result must still be every block's B^T B summed,
+    exactly symmetric, for sizes that split into 1-4 uneven column blocks, blocks of no rows and no blocks at all."""
+    from solvers.sources import symmetric_gram
+
+    g = torch.Generator().manual_seed(size)
+    blocks = [torch.randn(r, size, generator=g, dtype=torch.float64) for r in rows]
+    want = sum((b.T @ b for b in blocks), torch.zeros(size, size, dtype=torch.float64))
+    got = symmetric_gram(iter(blocks), size, dtype, None)
+    assert got.dtype == dtype and got.shape == (size, size)
+    assert torch.equal(got, got.T)
+    single = dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-5 if single else 1e-12, atol=1e-4 if single else 1e-11)
 
 
 @pytest.mark.parametrize("backend", ["eager", "compiled"])
