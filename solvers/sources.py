@@ -48,7 +48,7 @@ def symmetric_gram(blocks, size: int, dtype: torch.dtype, device) -> torch.Tenso
                 out[lo:hi, lo:].addmm_(block[:, lo:hi].mT, block[:, lo:])
         for k, (lo, hi) in enumerate(spans):
             diagonal = out[lo:hi, lo:hi]
-            diagonal.copy_(diagonal.triu() + diagonal.triu(1).mT)
+            diagonal.copy_(diagonal.triu() + diagonal.triu(1).mT)  # MKL's B^T B is symmetric bit for bit; other BLAS need not be
             for below, above in spans[k + 1:]:
                 out[below:above, lo:hi] = out[lo:hi, below:above].mT
         return out
