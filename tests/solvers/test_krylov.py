@@ -1,4 +1,5 @@
 """Block CG, block Lanczos and block Golub-Kahan against dense factorizations; failure reporting."""
+import numpy as np
 import pytest
 import torch
 
@@ -214,8 +215,27 @@ def test_lanczos_nonconvergence_and_bad_k():
     assert not info.converged and info.reason == "maxiter"
     with pytest.raises(ValueError, match="k must be"):
         lanczos_eigsh(K, 201)
+    assert lanczos_eigsh(K, np.int64(2), maxiter=2)[0].shape == (2,)  # a NumPy integer is an int
     with pytest.raises(ValueError, match="NaN"):
         lanczos_eigsh(K.clone().fill_diagonal_(float("nan")), 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_an_unreachable_tolerance_keeps_the_best_ritz_pairs(dtype):
+    """Hundreds of restarts near an invariant subspace: the basis stays orthonormal and the values right."""
+    g = torch.Generator().manual_seed(0)
+    Q = torch.linalg.qr(torch.randn(50, 50, generator=g, dtype=torch.float64))[0]
+    A = Q @ torch.diag(torch.logspace(0, -3, 50, dtype=torch.float64)) @ Q.T
+    A = ((A + A.T) / 2).to(dtype)
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    vals, vecs, info = lanczos_eigsh(A, 3, rtol=0.0, maxiter=1000)
+    assert not info.converged and info.iterations == 1000
+    torch.testing.assert_close(vals, torch.linalg.eigvalsh(A).flip(0)[:3], rtol=tol, atol=tol)
+    torch.testing.assert_close(vecs.T @ vecs, torch.eye(3, dtype=dtype), rtol=0, atol=tol)
+    s, left, right, info = golub_kahan_svds(A[:, :40], 3, rtol=0.0, maxiter=1000)
+    torch.testing.assert_close(s, torch.linalg.svdvals(A[:, :40])[:3], rtol=tol, atol=tol)
+    for side in (left, right):
+        torch.testing.assert_close(side.T @ side, torch.eye(3, dtype=dtype), rtol=0, atol=tol)
 
 
 @pytest.mark.parametrize("shape", [(120, 45), (45, 120)])
