@@ -170,6 +170,21 @@ def check_targets(Y, n: int, dtype: torch.dtype, estimator, name: str = "y") -> 
     return Y
 
 
+def check_sample_weight(weight, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Per-sample weights for ``score`` (scikit-learn's ``sample_weight``): ``n`` finite, non-negative numbers,
+    not all 0; None weighs every sample 1."""
+    if weight is None:
+        return torch.ones(n, dtype=dtype)
+    weight = torch.as_tensor(np.asarray(weight) if not isinstance(weight, torch.Tensor) else weight.detach().cpu())
+    if weight.ndim != 1 or weight.shape[0] != n or weight.is_complex() or weight.dtype == torch.bool:
+        raise ValueError(f"sample_weight must be a 1-D array of {n} real numbers, got shape {tuple(weight.shape)}"
+                         f" and dtype {weight.dtype}")
+    weight = weight.to(dtype)
+    if not bool(torch.isfinite(weight).all()) or bool((weight < 0).any()) or not bool((weight > 0).any()):
+        raise ValueError("sample_weight must be finite and non-negative, with at least one positive weight")
+    return weight
+
+
 def check_labels(y, n: int, name: str = "y"):
     """Class labels (any type NumPy or torch holds): ``(classes, codes)`` with codes a long tensor."""
     if y is None:

@@ -19,6 +19,7 @@ the formula holds.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from typing import Callable
@@ -84,6 +85,22 @@ class Kernel:
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
         return f"{type(self).__name__}({args})"
 
+    def get_params(self, deep: bool = True) -> dict:
+        """The constructor's arguments, scikit-learn's way: a grid search may then tune ``kernel__gamma``."""
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        names = [name for name, p in inspect.signature(type(self).__init__).parameters.items()
+                 if name != "self" and p.kind in kinds]
+        return {name: getattr(self, name) for name in names}
+
+    def set_params(self, **params):
+        """New constructor arguments, checked as the constructor checks them."""
+        current = self.get_params()
+        unknown = sorted(set(params) - set(current))
+        if unknown:
+            raise ValueError(f"invalid parameter {unknown[0]!r} for {type(self).__name__}; valid: {sorted(current)}")
+        self.__init__(**{**current, **params})
+        return self
+
 
 class _Radial(Kernel):
     """k(x, y) = profile(|x - y|, gamma); lazytensor keeps the exact difference under a square root,
@@ -125,7 +142,7 @@ class Matern(_Radial):
         if nu not in self.NUS:
             raise ValueError(f"nu must be one of {self.NUS}, got {nu!r}")
         super().__init__(gamma)
-        self.nu = float(nu)
+        self.nu = nu
 
     def profile(self, d2, gamma):
         r = math.sqrt(2 * self.nu) * gamma * d2.sqrt()
@@ -182,8 +199,9 @@ def check_tensor(t, name: str) -> torch.Tensor:
     """``t`` if it is a floating (n, d) torch tensor, else an error naming ``name``."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.ndim != 2 or not t.is_floating_point():
-        raise ValueError(f"{name} must be a floating (n, d) tensor, got shape {tuple(t.shape)} and dtype {t.dtype}")
+    if t.ndim != 2 or not t.is_floating_point() or t.shape[1] == 0:
+        raise ValueError(f"{name} must be a floating (n, d) tensor with d >= 1, got shape {tuple(t.shape)} and "
+                         f"dtype {t.dtype}")
     return t
 
 

@@ -12,6 +12,7 @@ from .base import (
     check_count,
     check_points,
     check_positive,
+    check_sample_weight,
     check_targets,
     one_of,
 )
@@ -60,6 +61,8 @@ def _merge(infos: list[KrylovInfo], columns: list[torch.Tensor], width: int) -> 
 
 def _alpha(alpha, targets: int, dtype) -> torch.Tensor:
     """``alpha`` as a (targets,) tensor: one number for every target, or one per target."""
+    if isinstance(alpha, (str, bytes)):
+        raise TypeError(f"alpha must be a positive number or one value per target, got {type(alpha).__name__} {alpha!r}")
     if isinstance(alpha, torch.Tensor) or hasattr(alpha, "__len__"):
         values = alpha if isinstance(alpha, torch.Tensor) else torch.as_tensor(alpha, dtype=torch.float64)
         if values.ndim > 1 or values.numel() not in (1, targets):
@@ -137,14 +140,15 @@ class _Ridge(RegressorMixin, Estimator):
         out, numpy_out = self._times(X, centres, coef, rows)
         return as_output(out.squeeze(1) if self._vector_targets else out, numpy_out)
 
-    def score(self, X, y) -> float:
+    def score(self, X, y, sample_weight=None) -> float:
         """R^2 of the predictions, averaged over targets (scikit-learn's ``r2_score``)."""
         pred = self.predict(X)
         pred = pred if isinstance(pred, torch.Tensor) else torch.from_numpy(pred)
         Y = check_targets(y, pred.shape[0], pred.dtype, self).reshape(pred.shape[0], -1).detach()
         pred = pred.detach().reshape(Y.shape)
-        residual = (Y - pred).square().sum(0)
-        total = (Y - Y.mean(0)).square().sum(0)
+        w = check_sample_weight(sample_weight, Y.shape[0], Y.dtype).to(Y.device).unsqueeze(1)
+        residual = (w * (Y - pred).square()).sum(0)
+        total = (w * (Y - (w * Y).sum(0) / w.sum()).square()).sum(0)
         r2 = torch.where(total > 0, 1 - residual / torch.where(total > 0, total, 1), (residual == 0).to(Y.dtype))
         return float(r2.mean())
 

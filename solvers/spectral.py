@@ -15,6 +15,7 @@ from .base import (
     check_labels,
     check_points,
     check_positive,
+    check_sample_weight,
     one_of,
 )
 from .krylov import KrylovInfo, cg, fix_signs, golub_kahan_svds, lanczos_eigsh
@@ -230,12 +231,17 @@ class KernelLDA(ClassifierMixin, TransformerMixin, _Spectral):
             return self.classes_[nearest.cpu().numpy()]
         return as_output(self.classes_[nearest], numpy_out)
 
-    def score(self, X, y) -> float:
-        """Accuracy of ``predict``."""
+    def score(self, X, y, sample_weight=None) -> float:
+        """Accuracy of ``predict``, weighted by ``sample_weight`` where given (scikit-learn's ``accuracy_score``)."""
         predicted = self.predict(X)
         if isinstance(predicted, torch.Tensor):
-            return float((predicted == torch.as_tensor(y, device=predicted.device)).double().mean())
-        return float(np.mean(predicted == np.asarray(y)))
+            right = (predicted == torch.as_tensor(y, device=predicted.device)).cpu().double()
+        else:
+            right = torch.from_numpy(np.asarray(predicted == np.asarray(y), dtype=np.float64))
+        if right.shape != (len(predicted),):
+            raise ValueError(f"y must be a 1-D array of {len(predicted)} labels, got shape {tuple(np.shape(y))}")
+        w = check_sample_weight(sample_weight, right.shape[0], torch.float64)
+        return float((w * right).sum() / w.sum())
 
 
 def _gather_labels(mine, sharding):

@@ -336,6 +336,35 @@ def test_scikit_learn_model_selection():
     assert pca.transform(X).shape == (90, 2)
 
 
+def test_kernel_parameters_tune_and_scores_take_sample_weight():
+    from sklearn.base import clone
+    from sklearn.metrics import accuracy_score, r2_score
+    from sklearn.model_selection import GridSearchCV
+
+    X, Y, _ = _regression(n=90)
+    X, Y = X.numpy(), Y.numpy()
+    est = KernelRidge(RBF(0.5), 0.1)
+    assert est.get_params()["kernel__gamma"] == 0.5 and clone(Matern(2.5, 0.3)).get_params() == {"nu": 2.5, "gamma": 0.3}
+    assert est.set_params(kernel__gamma=2.0).kernel.gamma == 2.0
+    with pytest.raises(ValueError, match="gamma must be finite and positive"):
+        RBF().set_params(gamma=-1.0)
+    with pytest.raises(ValueError, match="invalid parameter 'gama'"):
+        RBF().set_params(gama=1.0)
+    search = GridSearchCV(KernelRidge(RBF(0.5), 0.1), {"kernel__gamma": [0.01, 0.3, 30.0]}, cv=3).fit(X, Y)
+    assert search.best_params_ == {"kernel__gamma": 0.3}
+    w = np.random.default_rng(0).uniform(size=90)
+    fitted = KernelRidge(RBF(0.5), 0.1).fit(X, Y)
+    assert fitted.score(X, Y, sample_weight=w) == pytest.approx(r2_score(Y, fitted.predict(X), sample_weight=w), rel=1e-12)
+    assert fitted.score(X, Y, sample_weight=w) != pytest.approx(fitted.score(X, Y), rel=1e-6)
+    labels = (X[:, 0] + X[:, 1] > 0).astype(int)
+    lda = KernelLDA(RBF(2.0)).fit(X[:45], labels[:45])
+    expected = accuracy_score(labels[45:], lda.predict(X[45:]), sample_weight=w[45:])
+    assert lda.score(X[45:], labels[45:], sample_weight=w[45:]) == pytest.approx(expected, rel=1e-12)
+    for bad in (-w, w[:10], np.zeros(90)):
+        with pytest.raises(ValueError, match="sample_weight"):
+            fitted.score(X, Y, sample_weight=bad)
+
+
 def test_bad_input_is_named():
     X, Y, Xq = _regression(n=30)
     with pytest.raises(ValueError, match="X contains NaN"):
@@ -348,6 +377,8 @@ def test_bad_input_is_named():
         KernelRidge(RBF(1.0)).fit(scipy.sparse.csr_matrix(X.numpy()), Y)
     with pytest.raises(ValueError, match="alpha"):
         KernelRidge(RBF(1.0), alpha=0.0).fit(X, Y)
+    with pytest.raises(TypeError, match="alpha must be a positive number or one value per target, got str"):
+        KernelRidge(RBF(1.0), alpha="a").fit(X, Y)
     with pytest.raises(ValueError, match=r"alpha must be .* one value per target \(2\)"):
         KernelRidge(RBF(1.0), alpha=torch.tensor([0.1, 0.2, 0.3])).fit(X, Y)
     with pytest.raises(ValueError, match="source"):
