@@ -56,6 +56,9 @@ class KrylovInfo:
 
 
 def _check_tolerances(rtol: float, atol: float, maxiter) -> None:
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            raise TypeError(f"{name} must be a non-negative number, got {type(value).__name__} {value!r}")
     if not (rtol >= 0 and atol >= 0) or rtol != rtol or atol != atol:
         raise ValueError(f"rtol and atol must be non-negative numbers, got rtol={rtol!r}, atol={atol!r}")
     if maxiter is not None and (not isinstance(maxiter, int) or maxiter < 1):
@@ -123,8 +126,10 @@ def _right_hand_sides(A, B) -> tuple[torch.Tensor, bool]:
     if not isinstance(B, torch.Tensor):
         raise TypeError(f"B must be a torch.Tensor, got {type(B).__name__}")
     n = A.shape[0]
-    if A.shape[0] != A.shape[1] or B.ndim not in (1, 2) or B.shape[0] != n:
-        raise ValueError(f"B must have {n} rows for a square ({n}, {n}) operator, got A {A.shape} and B {tuple(B.shape)}")
+    if A.shape[0] != A.shape[1]:
+        raise ValueError(f"A must be a square operator, got shape {tuple(A.shape)}")
+    if B.ndim not in (1, 2) or B.shape[0] != n:
+        raise ValueError(f"B must have {n} rows for a square ({n}, {n}) operator, got B {tuple(B.shape)}")
     vector = B.ndim == 1
     B = (B.unsqueeze(1) if vector else B).detach().to(A.dtype)
     if not torch.isfinite(B).all():

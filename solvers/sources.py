@@ -123,6 +123,9 @@ class _Transposed(Source):
     def T(self):
         return self.base
 
+    def diag(self) -> torch.Tensor:
+        return self.base.diag()
+
 
 class StoredKernel(Source):
     """An explicit matrix behind the source interface (direct ATen products)."""
@@ -176,7 +179,7 @@ class StreamedKernel(Source):
                  tile_dtype: torch.dtype | None = None, sum_dtype: torch.dtype | None = None):
         self.kernel = as_kernel(kernel)
         self.X, self.Y = check_pair(X, Y)
-        self.symmetric = Y is None
+        self.symmetric = Y is None or Y is X
         if tile_dtype not in (None, self.X.dtype, torch.float32):
             raise ValueError(f"tile_dtype must be None or torch.float32, got {tile_dtype}")
         check_chunk_size(chunk_size)

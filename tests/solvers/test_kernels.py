@@ -173,6 +173,8 @@ def test_tensor_call_rejects_other_arguments():
             RBF(0.5)(*args)
     with pytest.raises(ValueError, match="X must be a floating"):
         Matern(1.5)(x[0])
+    with pytest.raises(ValueError, match=r"X must be a floating \(n, d\) tensor with d >= 1, got shape \(4, 0\)"):
+        RBF()(torch.randn(4, 0))
     with pytest.raises(ValueError, match="Y must be a floating"):
         Laplacian()(x, torch.ones(3, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="Y must match X"):

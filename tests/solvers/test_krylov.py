@@ -172,6 +172,10 @@ def test_cg_argument_errors():
         cg(A, torch.ones(9, dtype=torch.float64))
     with pytest.raises(ValueError, match="rtol"):
         cg(A, torch.ones(10, dtype=torch.float64), rtol=-1)
+    with pytest.raises(TypeError, match="rtol must be a non-negative number, got str"):
+        cg(A, torch.ones(10, dtype=torch.float64), rtol="a")
+    with pytest.raises(ValueError, match=r"A must be a square operator, got shape \(10, 9\)"):
+        cg(A[:, :9], torch.ones(10, dtype=torch.float64))
     with pytest.raises(ValueError, match="NaN"):
         cg(A, torch.full((10,), float("nan"), dtype=torch.float64))
     with pytest.raises(TypeError, match="source"):

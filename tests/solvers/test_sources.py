@@ -41,6 +41,8 @@ def test_square_source_diag_and_stored_equivalence():
     S = StreamedKernel(RBF(0.4), X, chunk_size=5)
     D = StoredKernel(reference(RBF(0.4), X, X))
     torch.testing.assert_close(S.diag(), D.diag())
+    for square in (S.T, D.T, StreamedKernel(RBF(0.4), X, X)):  # a transpose and Y given as X itself are square too
+        torch.testing.assert_close(square.diag(), D.diag())
     torch.testing.assert_close(S @ V, D @ V)
     torch.testing.assert_close(S.T @ V, D.T @ V)
     with pytest.raises(ValueError, match="square"):
