@@ -104,6 +104,10 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         self.config = c = _config(config, {k: v for k, v in locals().items() if k in DEFAULTS})  # the keywords, by name
         radii = c.radii or (None,)
         super().__init__(params, {"lr": c.lr, "radius": radii[0], "momentum": c.momentum})
+        for p in (p for group in self.param_groups for p in group["params"]):
+            if not p.is_floating_point():  # a step adds real moves to every parameter
+                raise TypeError(f"params must be floating-point tensors, got one of dtype {p.dtype} and shape "
+                                f"{tuple(p.shape)}")
         for group in self.param_groups:
             if group["radius"] is None:  # automatic: from this group's initial spread
                 group["radius"] = initial_radius(group["params"])

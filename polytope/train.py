@@ -15,6 +15,7 @@ from torch import nn
 from . import distributed
 from . import validation as check
 from .evaluators import NNCostEvaluator
+from .evaluators.functional import buffers_restored
 from .optimizer import PolytopeOptimizer
 
 DATA_FORMS = "an (inputs, targets) pair of torch tensors or an iterable (list, DataLoader) of such pairs"
@@ -115,9 +116,10 @@ def flat_closure(model: nn.Module, loss_fn: Callable, inputs, targets, shards=No
 
         def score(start: int, stop: int) -> torch.Tensor:
             losses = []
-            for row in candidates[start:stop]:
-                params = {n: t.view(s) for n, t, s in zip(names, row.split(sizes), shapes)}
-                losses.append(loss_fn(torch.func.functional_call(model, params, (x,)), y).detach().reshape(-1))
+            with buffers_restored(model):  # as the evaluator: a candidate's forward leaves BatchNorm statistics alone
+                for row in candidates[start:stop]:
+                    params = {n: t.view(s) for n, t, s in zip(names, row.split(sizes), shapes)}
+                    losses.append(loss_fn(torch.func.functional_call(model, params, (x,)), y).detach().reshape(-1))
             return torch.cat(losses) if losses else candidates.new_empty(0)
 
         return distributed.scored(shards, candidates.shape[0], score)

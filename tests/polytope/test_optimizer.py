@@ -193,6 +193,11 @@ def test_every_option_is_validated(kwargs, error, match):
         PolytopeOptimizer(params(), **kwargs)
 
 
+def test_integer_parameters_are_rejected_at_construction():
+    with pytest.raises(TypeError, match="params must be floating-point tensors, got one of dtype torch.int64"):
+        PolytopeOptimizer([torch.zeros(3), torch.zeros(2, dtype=torch.long)])
+
+
 def test_step_without_objective_and_wrong_loss_count_are_errors():
     opt = PolytopeOptimizer(params(), seed=0)
     with pytest.raises(ValueError, match="closure"):

@@ -43,6 +43,20 @@ def test_train_with_registered_evaluator_matches_the_closure_fallback():
     assert torch.allclose(finals[0], finals[1], atol=1e-5)
 
 
+def test_scoring_candidates_leaves_batchnorm_statistics_alone_on_both_paths():
+    states = []
+    for use_evaluator in (True, False):
+        torch.manual_seed(3)
+        x, y = torch.randn(32, 3), torch.randn(32)
+        model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 1)).train()
+        loss_fn = lambda out, t: nn.functional.mse_loss(out.squeeze(-1), t)  # noqa: E731
+        train(model, loss_fn, (x, y), steps=5, seed=0, progress=False, use_evaluator=use_evaluator, radii=0.1)
+        states.append(model.state_dict())
+    assert states[0]["1.num_batches_tracked"] == states[1]["1.num_batches_tracked"] <= 5
+    for name, value in states[0].items():
+        torch.testing.assert_close(states[1][name], value, atol=1e-5, rtol=1e-5, msg=name)
+
+
 def test_train_same_seed_same_result_and_iterable_batches():
     results = []
     for _ in range(2):
