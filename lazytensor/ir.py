@@ -200,6 +200,19 @@ class ZeroSafePow(sympy.Function):
         return ZeroSafePow(base, exponent) * sympy.log(base)
 
 
+class IsNaN(sympy.Function):
+    """1 where the argument is NaN, else 0: what ``x != x`` means, which sympy folds to false."""
+
+    nargs = 1
+
+    @classmethod
+    def eval(cls, arg):
+        return (sympy.Integer(1) if arg is sympy.nan else sympy.Integer(0)) if _constants(arg) else None
+
+    def fdiff(self, argindex=1):
+        return sympy.Integer(0)
+
+
 class Floor(sympy.Function):
     """floor(a); piecewise constant, so its derivative is 0 (KeOps's Floor)."""
 

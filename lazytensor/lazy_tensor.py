@@ -173,9 +173,9 @@ class LazyTensor:
     __mul__, __rmul__ = _operator(operator.mul), _operator(operator.mul, reverse=True)
     __truediv__, __rtruediv__ = _operator(operator.truediv), _operator(operator.truediv, reverse=True)
     __rpow__ = _operator(operator.pow, reverse=True)
-    __lt__, __le__ = _operator(sympy.StrictLessThan), _operator(sympy.LessThan)
-    __gt__, __ge__ = _operator(sympy.StrictGreaterThan), _operator(sympy.GreaterThan)
-    # a formula, as torch's ==: 1 where equal, else 0 (NaN != NaN, so never folded)
+    # a formula, as torch's comparisons: 1 where it holds, else 0 (NaN compares false, so x >= x is not folded)
+    __lt__, __le__ = (_operator(lambda a, b, kind=kind: _relation(kind, a, b)) for kind in (sympy.Lt, sympy.Le))
+    __gt__, __ge__ = (_operator(lambda a, b, kind=kind: _relation(kind, a, b)) for kind in (sympy.Gt, sympy.Ge))
     __eq__ = _operator(lambda a, b: _relation(sympy.Eq, a, b))
     __ne__ = _operator(lambda a, b: _relation(sympy.Ne, a, b))
     __hash__ = object.__hash__
@@ -485,7 +485,13 @@ class LazyTensor:
 
 
 def _relation(kind, a: sympy.Expr, b: sympy.Expr):
-    """``kind(a, b)``, kept symbolic where a variable is involved (x == x is not true for NaN)."""
+    """``kind(a, b)``, kept symbolic where a variable is involved (x == x is not true for NaN).
+
+    A formula compared with itself is a NaN test, since sympy folds ``Ne(x, x)``
+    to false wherever it meets it (a Piecewise's conditions included)."""
+    if a == b and a.free_symbols:
+        return ir.IsNaN(a) if kind is sympy.Ne else 1 - ir.IsNaN(a) if kind in (sympy.Eq, sympy.Ge, sympy.Le) \
+            else sympy.Integer(0)
     return kind(a, b, evaluate=not (a.free_symbols or b.free_symbols))
 
 

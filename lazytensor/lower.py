@@ -160,6 +160,9 @@ class TileSource:
             a = self.emit(e.args[0])
             half = self.emit(e.args[1]) if len(e.args) > 1 else "0.0"
             return f"torch.where({a} > 0, 1.0, torch.where({a} == 0, {half}, 0.0)).to({a}.dtype)"
+        if isinstance(e, ir.IsNaN):
+            a = self.emit(e.args[0])
+            return f"torch.isnan({a}).to({a}.dtype)"
         if isinstance(e, sympy.DiracDelta):
             return f"torch.zeros_like({self.emit(e.args[0])})"
         if isinstance(e, ir.Clamp):

@@ -501,3 +501,30 @@ def test_row_blocks_are_written_into_one_buffer_per_output(monkeypatch, case):
         got, want = d.quantile(0.3, 1, backend="eager"), dense.quantile(0.3, 1)[:, None]
     torch.testing.assert_close(got.reshape(want.shape), want)
     assert kept and all(count == [1] for count in kept)
+
+
+# -- a formula compared with itself is a NaN test (sympy folded x != x to false, x >= x to true) ----
+@pytest.mark.parametrize("backend", ["eager", "compiled"])
+def test_self_comparisons_follow_torch_at_nan(backend):
+    x = torch.tensor([[1.0], [math.nan], [-math.inf]], dtype=torch.float64)
+    X, one = lt.Vi(x), lt.Vj(torch.ones(2, 1, dtype=torch.float64))
+    cases = {"!=": (X != X, x != x), "==": (X == X, x == x), ">=": (X >= X, x >= x), "<=": (X <= X, x <= x),
+             "<": (X < X, x < x), ">": (X > X, x > x), "parsed !=": (lt.formula("x != x", x=X), x != x)}
+    for name, (lazy, dense) in cases.items():
+        torch.testing.assert_close((lazy * one).sum(1, backend=backend), 2 * dense.double(), msg=name)
+    kept = (lt.where(X == X, X, 0.0) * one).sum(1, backend=backend)
+    torch.testing.assert_close(kept, 2 * torch.where(x == x, x, 0.0))
+
+
+# -- a +inf entry: the online softmax weighed its state 0 (log-sum-exp NaN, weighted sum 0) ---------
+@pytest.mark.parametrize("backend", ["eager", "compiled"])
+@pytest.mark.parametrize("chunk_size", [None, 1])
+def test_an_infinite_entry_gives_torchs_logsumexp_and_softmax(backend, chunk_size):
+    y = torch.tensor([[0.0], [math.inf], [1.0], [-math.inf]], dtype=torch.float64)
+    x = torch.tensor([[0.0], [-math.inf]], dtype=torch.float64)
+    v = torch.arange(8.0, dtype=torch.float64).reshape(4, 2)
+    F, dense = lt.Vi(x) + lt.Vj(y), x + y.T
+    kw = dict(backend=backend, chunk_size=chunk_size)
+    torch.testing.assert_close(F.logsumexp(1, **kw)[:, 0], torch.logsumexp(dense, 1), equal_nan=True)
+    torch.testing.assert_close(F.logsumexp(0, **kw)[:, 0], torch.logsumexp(dense, 0), equal_nan=True)
+    torch.testing.assert_close(F.softmax_weighted_sum(v, 1, **kw), torch.softmax(dense, 1) @ v, equal_nan=True)
