@@ -184,7 +184,7 @@ def _forward(tiles: _Tiles):
             state = merge(state, (top, both[..., -1:], both[..., :-1]))
         if state is not None:  # a causal block before its first key has none
             top, total, acc = state
-            out[:, r0:r1] = torch.where(total > 0, acc / total, 0.0)
+            out[:, r0:r1] = torch.where(total == 0, 0.0, acc / total)
             lse[:, r0:r1] = (torch.log(total) + finite(top))[..., 0]
     return out, lse
 
@@ -230,7 +230,7 @@ class _Attention(torch.autograd.Function):
             for part_lse, part_out in zip(lse_g, outs):
                 state = merge(state, (part_lse, torch.ones_like(part_lse), part_out))
             top, total, acc = state
-            out = torch.where(total > 0, acc / total, 0.0)
+            out = torch.where(total == 0, 0.0, acc / total)
             lse = (torch.log(total) + finite(top))[..., 0]
         ctx.save_for_backward(q, k, v, attn_mask, out, lse)
         ctx.options, ctx.sharding, ctx.offset = (is_causal, scale, chunk_size), sharding, offset

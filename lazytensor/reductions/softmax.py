@@ -38,16 +38,18 @@ def finite(t: torch.Tensor) -> torch.Tensor:
 def merge(state, partial):
     """Two online-softmax states (top, total, *weighted sums) rescaled to their common maximum.
 
-    A state whose maximum is not finite (-inf: nothing yet) weighs 0, also
-    beside a maximum below -88 (exp(0 - top) would overflow: inf * 0).
+    Each state's sums were shifted by ``finite(maximum)`` (0 for a maximum of
+    +inf, whose sums are then inf, as torch's log-sum-exp has it). A state of
+    no column (maximum -inf) weighs 0, also beside a maximum below -88
+    (exp(0 - top) would overflow: inf * 0).
     """
     if state is None:
         return partial
     (m0, *rest0), (m1, *rest1) = state, partial
     top = torch.maximum(m0, m1)
     ref = finite(top)
-    a0 = torch.exp(torch.where(torch.isfinite(m0), m0 - ref, -math.inf))
-    a1 = torch.exp(torch.where(torch.isfinite(m1), m1 - ref, -math.inf))
+    a0 = torch.exp(torch.where(m0 == -math.inf, -math.inf, finite(m0) - ref))
+    a1 = torch.exp(torch.where(m1 == -math.inf, -math.inf, finite(m1) - ref))
     return (top, *(s0 * a0 + s1 * a1 for s0, s1 in zip(rest0, rest1)))
 
 
@@ -164,7 +166,7 @@ class SoftmaxWeightedSum(_OnlineSoftmax):
 
     def finalize(self, state, rows, batch):
         top, total, weighted = state
-        out = torch.where(total > 0, weighted / total, 0.0).expand(batch, rows, self.dim).contiguous()
+        out = torch.where(total == 0, 0.0, weighted / total).expand(batch, rows, self.dim).contiguous()  # NaN stays
         return out, total.expand(batch, rows, 1).contiguous(), finite(top).expand(batch, rows, 1).contiguous()
 
     def empty(self, batch, rows, dtype, device):
