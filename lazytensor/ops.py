@@ -177,6 +177,8 @@ def knn_regression(x_query, x_train, y_train, k, *, impl="streamed", backend="au
         mine = (index >= 0) & (index < x_train.shape[-2])
         index = index.clamp(0, max(x_train.shape[-2] - 1, 0))
     y3 = y2 if y2.dim() == 3 else y2.unsqueeze(0)
+    if y3.shape[1] == 0:  # an empty shard picks nothing of its own: gather from one zero row
+        y3 = torch.cat([y3, y3.new_zeros(y3.shape[0], 1, y3.shape[2])], 1)
     batch = index.reshape(-1, *index.shape[-2:])
     picked = torch.gather(y3.expand(batch.shape[0], -1, -1), 1, batch.flatten(1).unsqueeze(-1).expand(-1, -1, y3.shape[-1]))
     picked = picked.unflatten(1, batch.shape[1:]).reshape(*index.shape, y3.shape[-1])

@@ -118,11 +118,14 @@ def _check(rank, world_size):
     torch.testing.assert_close(out, torch.exp(-torch.cdist(y, x) ** 2).sum(0).unsqueeze(-1), **TOL)
     for name, op in NAMED.items():
         full_out, full_grads = _with_grads(op, x, y, b, {})
-        out, grads = _with_grads(op, x, y[rows], b[rows], {"group": world})
-        torch.testing.assert_close(out, full_out, **TOL, msg=lambda m, n=name: f"{n}: {m}")
-        for a, r, local in zip(grads, full_grads, (False, True, True)):
-            if r is not None:
-                torch.testing.assert_close(a, r[rows] if local else r, **TOL, msg=lambda m, n=name: f"{n} grad: {m}")
+        for split in (10, 17):  # uneven shards, then an empty one
+            mine = slice(0, split) if rank == 0 else slice(split, 17)
+            out, grads = _with_grads(op, x, y[mine], b[mine], {"group": world})
+            label = f"{name} split {split}"
+            torch.testing.assert_close(out, full_out, **TOL, msg=lambda m, n=label: f"{n}: {m}")
+            for a, r, local in zip(grads, full_grads, (False, True, True)):
+                if r is not None:
+                    torch.testing.assert_close(a, r[mine] if local else r, **TOL, msg=lambda m, n=label: f"{n} grad: {m}")
     q, kk, vv = (torch.randn(2, 3, 17, 4, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
                  for s in (1, 2, 3))
     for causal in (False, True):
