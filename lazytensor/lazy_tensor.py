@@ -442,6 +442,9 @@ class LazyTensor:
             raise TypeError(f"matmul expects a dense tensor or array b, got {type(b).__name__}")
         if self.width != 1:
             raise ValueError(f"K @ b needs a formula of feature size 1, got {self.width}")
+        if b.ndim == 0 or not (b.is_floating_point() if isinstance(b, torch.Tensor) else b.dtype.kind == "f"):
+            raise TypeError(f"K @ b needs b floating-point of shape (M,), (M, C) or (*batch, M, C), got dtype "
+                            f"{b.dtype} and shape {tuple(b.shape)}")
         vector = b.ndim == 1
         if vector and options.get("out") is not None:
             options = {**options, "out": options["out"][..., None]}

@@ -32,6 +32,8 @@ _OBJECTS = Kept()  # reduction objects of calls that repeat (``_built``)
 
 def reduced_axis(dim, nbatchdims: int = 0) -> str:
     """The reduced axis: 1 / 'j' / -2 reduce over j, 0 / 'i' / -3 over i (batch dims are not counted)."""
+    if isinstance(dim, (bool, float)):  # True == 1 and 1.0 == 1, but neither names an axis
+        raise ValueError(f"dim must be 0/'i' or 1/'j' for a reduction, got {dim!r}")
     if dim in (1, "j", -2):
         return "j"
     if dim in (0, "i", -3):

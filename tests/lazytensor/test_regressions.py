@@ -281,6 +281,20 @@ def test_bad_chunk_sizes_name_the_argument(chunk):
         K.sum(1, chunk_size=chunk)
 
 
+@pytest.mark.parametrize("dim", [True, False, 1.0])
+def test_a_bool_or_float_dim_is_not_an_axis(dim):
+    K = lt.Vi(torch.randn(4, 2)).sqdist(lt.Vj(torch.randn(5, 2)))
+    with pytest.raises(ValueError, match="dim must be 0/'i' or 1/'j'"):
+        K.sum(dim)
+
+
+@pytest.mark.parametrize("b", [torch.ones(5, 2, dtype=torch.long), torch.tensor(1.0), torch.ones(5, 2, dtype=torch.bool)])
+def test_matmul_names_a_b_it_cannot_multiply(b):
+    K = (-lt.Vi(torch.randn(4, 2)).sqdist(lt.Vj(torch.randn(5, 2)))).exp()
+    with pytest.raises(TypeError, match="K @ b needs b floating-point"):
+        K @ b
+
+
 def test_log_of_a_folded_zero_is_minus_inf():
     x = lt.Vi(torch.randn(3, 2))
     out = ((x - x).sum(-1).log() + lt.Vj(torch.randn(4, 1))).max(1)
