@@ -115,7 +115,14 @@ class Sigmoid(sympy.Function):
         return s * (1 - s)
 
 
-class Step(sympy.Function):
+class _ZeroDerivative(sympy.Function):
+    """Piecewise constant (indicators, floor, rounding): the derivative is 0 wherever one exists."""
+
+    def fdiff(self, argindex=1):
+        return sympy.Integer(0)
+
+
+class Step(_ZeroDerivative):
     """Indicator of a positive argument (the derivative of relu)."""
 
     nargs = 1
@@ -123,9 +130,6 @@ class Step(sympy.Function):
     @classmethod
     def eval(cls, arg):
         return (sympy.Integer(1) if arg > 0 else sympy.Integer(0)) if _constants(arg, finite=True) else None
-
-    def fdiff(self, argindex=1):
-        return sympy.Integer(0)
 
 
 class Relu(sympy.Function):
@@ -139,7 +143,7 @@ class Relu(sympy.Function):
         return Step(self.args[0])
 
 
-class InRange(sympy.Function):
+class InRange(_ZeroDerivative):
     """Indicator of lo <= a <= hi (the derivative of clamp)."""
 
     nargs = 3
@@ -149,9 +153,6 @@ class InRange(sympy.Function):
         if _constants(a, lo, hi, finite=True):
             return sympy.Integer(1) if lo <= a <= hi else sympy.Integer(0)
         return None
-
-    def fdiff(self, argindex=1):
-        return sympy.Integer(0)
 
 
 class Clamp(sympy.Function):
@@ -200,7 +201,7 @@ class ZeroSafePow(sympy.Function):
         return ZeroSafePow(base, exponent) * sympy.log(base)
 
 
-class IsNaN(sympy.Function):
+class IsNaN(_ZeroDerivative):
     """1 where the argument is NaN, else 0: what ``x != x`` means, which sympy folds to false."""
 
     nargs = 1
@@ -209,11 +210,8 @@ class IsNaN(sympy.Function):
     def eval(cls, arg):
         return (sympy.Integer(1) if arg is sympy.nan else sympy.Integer(0)) if _constants(arg) else None
 
-    def fdiff(self, argindex=1):
-        return sympy.Integer(0)
 
-
-class Floor(sympy.Function):
+class Floor(_ZeroDerivative):
     """floor(a); piecewise constant, so its derivative is 0 (KeOps's Floor)."""
 
     nargs = 1
@@ -222,11 +220,8 @@ class Floor(sympy.Function):
     def eval(cls, arg):
         return sympy.floor(arg) if _constants(arg) else None
 
-    def fdiff(self, argindex=1):
-        return sympy.Integer(0)
 
-
-class Round(sympy.Function):
+class Round(_ZeroDerivative):
     """a rounded to ``decimals`` decimal places, halves away from zero (C's round, as KeOps); derivative 0."""
 
     nargs = 2
@@ -237,9 +232,6 @@ class Round(sympy.Function):
             return None
         scale = sympy.Integer(10) ** decimals
         return sympy.sign(a) * sympy.floor(abs(a) * scale + sympy.Rational(1, 2)) / scale
-
-    def fdiff(self, argindex=1):
-        return sympy.Integer(0)
 
 
 class XLogX(sympy.Function):
