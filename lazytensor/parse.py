@@ -110,7 +110,7 @@ class _Evaluator:
             return method(node)
         except FormulaError:
             raise
-        except (ValueError, TypeError, IndexError) as exc:
+        except (ValueError, TypeError, IndexError, ZeroDivisionError) as exc:
             _fail(self.text, node, str(exc))
 
     def visit_Constant(self, node):

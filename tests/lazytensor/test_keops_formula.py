@@ -74,6 +74,7 @@ def test_every_operation_parses_as_the_method(text, variables):
         ("x + a", "feature sizes"),
         ("0 < x < 1", "chained comparisons"),
         ("[x for x in y]", "ListComp"),
+        ("x * IntInv(0)", "position 4: division by zero"),
     ],
 )
 def test_errors_say_what_and_where(text, match, variables):
