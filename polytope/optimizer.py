@@ -104,10 +104,6 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         self.config = c = _config(config, {k: v for k, v in locals().items() if k in DEFAULTS})  # the keywords, by name
         radii = c.radii or (None,)
         super().__init__(params, {"lr": c.lr, "radius": radii[0], "momentum": c.momentum})
-        for p in (p for group in self.param_groups for p in group["params"]):
-            if not p.is_floating_point():  # a step adds real moves to every parameter
-                raise TypeError(f"params must be floating-point tensors, got one of dtype {p.dtype} and shape "
-                                f"{tuple(p.shape)}")
         for group in self.param_groups:
             if group["radius"] is None:  # automatic: from this group's initial spread
                 group["radius"] = initial_radius(group["params"])
@@ -154,6 +150,10 @@ class PolytopeOptimizer(torch.optim.Optimizer):
     @staticmethod
     def _check_group(group: dict) -> None:
         """Group settings may change between steps (schedulers, users): checked before every step."""
+        for p in group["params"]:
+            if not p.is_floating_point():  # a step adds real moves to every parameter
+                raise TypeError(f"params must be floating-point tensors, got one of dtype {p.dtype} and shape "
+                                f"{tuple(p.shape)}")
         check.real("lr", group["lr"], low=0.0, low_open=False)
         check.positive("radius", group["radius"])
         check.real("momentum", group["momentum"], low=0.0, low_open=False, high=1.0, high_open=True)
