@@ -46,11 +46,11 @@ def _check(q, k, v, attn_mask, is_causal, scale):
         raise TypeError(f"attention: q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
     if k.device != q.device or v.device != q.device:
         raise ValueError("attention: q, k, v must be on one device")
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
-        raise ValueError(
-            "attention: batch dims of q, k, v must match, got "
-            f"{tuple(q.shape[:-2])}, {tuple(k.shape[:-2])}, {tuple(v.shape[:-2])}"
-        )
+    try:
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError("attention: batch dims of q, k, v must broadcast (as in F.scaled_dot_product_attention), "
+                         f"got {tuple(q.shape[:-2])}, {tuple(k.shape[:-2])}, {tuple(v.shape[:-2])}") from None
     if k.shape[-1] != q.shape[-1]:
         raise ValueError(f"attention: k must have q's feature size {q.shape[-1]}, got {k.shape[-1]}")
     if v.shape[-2] != k.shape[-2]:
@@ -67,7 +67,7 @@ def _check(q, k, v, attn_mask, is_causal, scale):
         raise TypeError(f"attention: attn_mask must be a tensor or None, got {type(attn_mask).__name__}")
     if attn_mask.dtype != torch.bool and attn_mask.dtype != q.dtype:
         raise TypeError(f"attention: attn_mask must be bool or {q.dtype} (q's dtype), got {attn_mask.dtype}")
-    target = (*q.shape[:-1], k.shape[-2])
+    target = (*batch, q.shape[-2], k.shape[-2])
     try:
         torch.broadcast_shapes(attn_mask.shape, target)
         ok = torch.broadcast_shapes(attn_mask.shape, target) == target
@@ -257,4 +257,6 @@ def streamed_attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, 
     columns are this rank's shard of the keys; every rank gets the full output.
     """
     _check(q, k, v, attn_mask, is_causal, scale)
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])  # one k, v head for several q heads
+    q, k, v = (t.expand(*batch, *t.shape[-2:]) for t in (q, k, v))
     return _Attention.apply(q, k, v, attn_mask, is_causal, scale, check_chunk_size(chunk_size), sharding)

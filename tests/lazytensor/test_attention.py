@@ -73,6 +73,18 @@ def test_fused_and_explicit_tiles_agree(chunk):
     compare(q, k, v, torch.float64, is_causal=True, chunk=chunk)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_batch_dims_broadcast_as_in_sdpa(dtype):
+    """One key/value head for several query heads, and queries broadcast over a batch of keys."""
+    q, _, _ = inputs(dtype)
+    _, k, v = inputs(dtype, batch=(2, 1))
+    compare(q, k, v, dtype)
+    compare(q, k, v, dtype, is_causal=True)
+    q1, _, _ = inputs(dtype, batch=(1, 3))
+    _, k2, v2 = inputs(dtype, batch=(2, 3))
+    compare(q1, k2, v2[:1], dtype, attn_mask=bool_mask(2, 3, 13, 17))
+
+
 def test_bad_inputs_are_named():
     q, k, v = inputs(torch.float32)
     with pytest.raises(ValueError, match="attn_mask"):
@@ -85,8 +97,8 @@ def test_bad_inputs_are_named():
         lt.attention(q, k[..., :4], v)
     with pytest.raises(ValueError, match="length"):
         lt.attention(q, k, v[..., :3, :])
-    with pytest.raises(ValueError, match="batch dims"):
-        lt.attention(q, k[:1], v[:1])
+    with pytest.raises(ValueError, match="batch dims of q, k, v must broadcast"):
+        lt.attention(q, k[:, :2], v[:, :2])
     with pytest.raises(TypeError, match="dtypes"):
         lt.attention(q, k.double(), v)
     with pytest.raises(ValueError, match="impl"):
