@@ -34,7 +34,8 @@ _FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", 
 _FUSED_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 
 
-def _check(q, k, v, attn_mask, is_causal, scale):
+def _check(q, k, v, attn_mask, is_causal, scale) -> torch.Size:
+    """Bad arguments raise, naming themselves; returns the batch shape that q, k, v broadcast to."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -60,7 +61,7 @@ def _check(q, k, v, attn_mask, is_causal, scale):
     if not isinstance(is_causal, bool):
         raise TypeError(f"attention: is_causal must be a bool, got {type(is_causal).__name__}")
     if attn_mask is None:
-        return
+        return batch
     if is_causal:
         raise ValueError("attention: pass either attn_mask or is_causal=True, not both")
     if not isinstance(attn_mask, torch.Tensor):
@@ -75,6 +76,7 @@ def _check(q, k, v, attn_mask, is_causal, scale):
         ok = False
     if not ok:
         raise ValueError(f"attention: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {target}")
+    return batch
 
 
 class _Tiles:
@@ -256,7 +258,6 @@ def streamed_attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, 
     With a ``sharding`` (``lazytensor.distributed``) k, v and the mask's key
     columns are this rank's shard of the keys; every rank gets the full output.
     """
-    _check(q, k, v, attn_mask, is_causal, scale)
-    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])  # one k, v head for several q heads
-    q, k, v = (t.expand(*batch, *t.shape[-2:]) for t in (q, k, v))
+    batch = _check(q, k, v, attn_mask, is_causal, scale)
+    q, k, v = (t.expand(*batch, *t.shape[-2:]) for t in (q, k, v))  # one k, v head for several q heads
     return _Attention.apply(q, k, v, attn_mask, is_causal, scale, check_chunk_size(chunk_size), sharding)
