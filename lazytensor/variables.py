@@ -238,6 +238,8 @@ def check(variables: dict) -> None:
             raise TypeError(f"variable dtypes differ: {ref.dtype} and {t.dtype}; convert them to one dtype")
         if t.device != ref.device:
             raise ValueError(f"variable devices differ: {ref.device} and {t.device}")
+    if ref.device.type == "meta":
+        raise ValueError("variables are on the meta device, which holds no values: a reduction needs real tensors")
     if len({v.numpy for v in variables.values() if not v.follows_dtype}) > 1:
         raise TypeError("a formula mixes NumPy arrays and torch tensors; use one of them (torch.from_numpy converts)")
     for axis in ("i", "j"):

@@ -288,6 +288,12 @@ def test_a_bool_or_float_dim_is_not_an_axis(dim):
         K.sum(dim)
 
 
+def test_meta_tensors_are_named():
+    K = lt.Vi(torch.randn(4, 2, device="meta")).sqdist(lt.Vj(torch.randn(5, 2, device="meta")))
+    with pytest.raises(ValueError, match="meta device"):
+        K.sum(1)
+
+
 @pytest.mark.parametrize("b", [torch.ones(5, 2, dtype=torch.long), torch.tensor(1.0), torch.ones(5, 2, dtype=torch.bool)])
 def test_matmul_names_a_b_it_cannot_multiply(b):
     K = (-lt.Vi(torch.randn(4, 2)).sqdist(lt.Vj(torch.randn(5, 2)))).exp()
