@@ -165,7 +165,10 @@ class _Evaluator:
     visit_List = visit_Tuple
 
     def visit_Subscript(self, node):
-        return as_lazy(self.eval(node.value))[self.eval(node.slice)]
+        """``x[1]``, ``x[0:2]``, and ``x[..., 1]`` as the method takes them (``...`` is a constant only here)."""
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        keys = [... if isinstance(p, ast.Constant) and p.value is ... else self.eval(p) for p in parts]
+        return as_lazy(self.eval(node.value))[tuple(keys) if isinstance(node.slice, ast.Tuple) else keys[0]]
 
     def visit_Slice(self, node):
         parts = [None if p is None else self.eval(p) for p in (node.lower, node.upper, node.step)]

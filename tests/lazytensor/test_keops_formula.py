@@ -28,6 +28,7 @@ CASES = {
     "x[0] * y[1:3] + elem(x, 2) + extract(y, 0, 2) + sum(x) + min(y) + max(x - y) + argmin(y) + argmax(x)":
         lambda x, y, **_: x[0] * y[1:3] + x.elem(2) + y.extract(0, 2) + x.sum(-1) + y.min(-1) + (x - y).max(-1)
         + y.argmin(-1) + x.argmax(-1),
+    "x[..., 1] * y[..., 0:2] | y[..., 1:3]": lambda x, y, **_: x[..., 1] * y[..., 0:2] | y[..., 1:3],
     "concat(x, y, x * y) + one_hot(round(3 * elem(y, 0)), 9)":
         lambda x, y, **_: lt.LazyTensor.cat((x, y, x * y)) + (3 * y.elem(0)).round().one_hot(9),
     "matvecmult(a, elem(y, 0) * p) + vecmatmult(x, m)[0:3] + tensorprod(x, elem(y, 1))":
