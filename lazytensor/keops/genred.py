@@ -141,12 +141,11 @@ def _wrap(tensor, axis: str, dim: int, name: str) -> LazyTensor:
 
 def _generic(reduction_op: str, takes_k: bool = False):
     def make(formula, output, *aliases, **kwargs):
-        """KeOps's generic_{reduction}(formula, output alias, *aliases): the output's axis is the kept one."""
+        """KeOps's generic_{reduction}(formula, output alias, *aliases): the output's axis is the kept one
+        (and for ArgKMin its dimension is K: ``"a = Vi(3)"`` keeps 3 indices)."""
+        (_, axis, dim, _), = parse_aliases([output])
         if takes_k:
-            if not aliases:
-                raise ValueError(f"generic_{reduction_op.lower()} needs K after the output alias")
-            kwargs["opt_arg"], aliases = aliases[0], aliases[1:]
-        (_, axis, _, _), = parse_aliases([output])
+            kwargs["opt_arg"] = dim
         if axis == "p":
             raise ValueError(f"the output alias {output!r} must be Vi (reduce over j) or Vj (reduce over i)")
         return Genred(formula, list(aliases), reduction_op=reduction_op, axis=1 if axis == "i" else 0, **kwargs)

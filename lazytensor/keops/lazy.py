@@ -61,6 +61,13 @@ def options(kwargs: dict, reduction: str, dtype) -> dict:
     return out
 
 
+def _rounded_back(result, opts: dict, dtype):
+    """A sum accumulated in ``dtype_acc`` in the formula's dtype, as KeOps returns it (the core API keeps dtype_acc)."""
+    if "dtype_acc" not in opts:
+        return result
+    return result.astype(dtype) if isinstance(result, np.ndarray) else result.to(dtype)
+
+
 def _same_dtype(acc, dtype) -> bool:
     name = acc if isinstance(acc, str) else str(acc).replace("torch.", "")
     return dtype is not None and name == str(dtype).replace("torch.", "")
@@ -118,7 +125,8 @@ class LazyTensor(CoreLazyTensor):
                 kwargs = {k: v for k, v in kwargs.items() if k != "keepdim"}
             options(kwargs, name, self.dtype)
             return core_method(self, *args, dim=-1)
-        return core_method(self._anchored(where), *args, dim=where, **named, **options(kwargs, name, self.dtype))
+        opts = options(kwargs, name, self.dtype)
+        return _rounded_back(core_method(self._anchored(where), *args, dim=where, **named, **opts), opts, self.dtype)
 
     # -- reductions, KeOps's signatures and defaults
     def sum(self, axis=-1, dim=None, **kwargs):
@@ -190,7 +198,8 @@ class LazyTensor(CoreLazyTensor):
     # -- linear operator
     def matmul(self, v, **kwargs):
         """K @ v: the sum over j of K_ij v_j, v dense (M, E) or (*batch, M, E)."""
-        return CoreLazyTensor.matmul(self._anchored("j"), v, **options(kwargs, "matmul", self.dtype))
+        opts = options(kwargs, "matmul", self.dtype)
+        return _rounded_back(CoreLazyTensor.matmul(self._anchored("j"), v, **opts), opts, self.dtype)
 
     __matmul__ = matmul
 

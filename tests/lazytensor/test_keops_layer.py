@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+import lazytensor as lt
 import lazytensor.keops as lk
 from lazytensor.keops import numpy as knp
 from lazytensor.keops import torch as kt
@@ -80,9 +81,12 @@ def test_keops_options_are_translated():
     ref = torch.exp(-torch.cdist(x.double(), x.double()) ** 2).sum(1, keepdim=True)
     tuned = K.sum(1, backend="CPU", device_id=-1, enable_chunks=False, sum_scheme="block_sum", use_fast_math=True, call=True)
     torch.testing.assert_close(tuned.double(), ref, rtol=1e-5, atol=1e-5)
-    accurate = K.sum(1, dtype_acc="float64")
-    assert accurate.dtype == torch.float64
+    accurate = K.sum(1, dtype_acc="float64")  # accumulated in float64, rounded back to float32 as KeOps returns it
+    assert accurate.dtype == torch.float32
+    torch.testing.assert_close(accurate, lt.LazyTensor.sum(K, 1, dtype_acc=torch.float64).float(), rtol=0, atol=0)
     torch.testing.assert_close(K.sum(1, use_double_acc=True), accurate)
+    b = torch.randn(20, 2)
+    assert K.matmul(b, use_double_acc=True).dtype == torch.float32
     with pytest.raises(ValueError, match="honoured by sums only"):
         K.logsumexp(1, dtype_acc="float64")
     K.logsumexp(1, dtype_acc="float32")  # the formula's own dtype changes nothing
@@ -154,7 +158,7 @@ def test_generic_sum_argmin_argkmin_and_softmax_weights():
     D = ((x[:, None] - y[None]) ** 2).sum(-1)
     argmin = kt.generic_argmin("SqDist(x, y)", "i = Vi(1)", "x = Vi(3)", "y = Vj(3)")
     torch.testing.assert_close(argmin(x, y).long()[:, 0], D.argmin(1))
-    argkmin = kt.generic_argkmin("SqDist(x, y)", "i = Vi(3)", 3, "x = Vi(3)", "y = Vj(3)")
+    argkmin = kt.generic_argkmin("SqDist(x, y)", "i = Vi(3)", "x = Vi(3)", "y = Vj(3)")  # K is the output's dimension
     torch.testing.assert_close(argkmin(x, y).long(), D.topk(3, 1, largest=False).indices)
     soft = kt.Genred("-g * SqDist(x, y)", ["x = Vi(3)", "y = Vj(3)", "b = Vj(2)", "g = Pm(1)"], reduction_op="SumSoftMaxWeight",
                      axis=1, formula2="b")
