@@ -10,7 +10,8 @@ batch dimensions and reduces over j by default):
 - a reduced axis without any variable counts as size 1 (KeOps's one-point case);
 - KeOps's tuning options are accepted and ignored (``backend="CPU"``,
   ``device_id``, ``enable_chunks``, ``use_fast_math``, ...); ``dtype_acc`` /
-  ``use_double_acc`` and ``sum_scheme`` are honoured by sums; options that would
+  ``use_double_acc`` and ``sum_scheme`` are honoured by sums (the result rounded
+  back to the formula's dtype, as KeOps returns it); options that would
   change a result we cannot honour raise ``ValueError``.
 
 Operations build the same IR and run on the same engine: nothing is re-implemented.
