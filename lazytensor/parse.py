@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 
 from .lazy_tensor import LazyTensor, as_lazy, where
 
@@ -154,7 +155,11 @@ class _Evaluator:
         name = node.func.id
         if name not in FUNCTIONS:
             _fail(self.text, node.func, f"unknown function {name!r}; known: {sorted(set(FUNCTIONS) - set(KEOPS_NAMES))}")
-        return FUNCTIONS[name](*(self.eval(a) for a in node.args))
+        args = [self.eval(a) for a in node.args]
+        try:
+            return FUNCTIONS[name](*args)
+        except TypeError as exc:  # an arity error names a Python closure; name the formula's function instead
+            _fail(self.text, node, re.sub(r"^[\w.<>]*\(\)", f"{name}()", str(exc)))
 
     def visit_Tuple(self, node):
         values = [self.eval(e) for e in node.elts]

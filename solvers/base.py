@@ -9,7 +9,9 @@ read: NumPy in gives NumPy out, torch in gives torch out (with gradients).
 """
 from __future__ import annotations
 
+import copy
 import numbers
+import sys
 import warnings
 
 import numpy as np
@@ -95,6 +97,14 @@ else:
     class TransformerMixin:
         def fit_transform(self, X, y=None, **fit_params):
             return self.fit(X, y, **fit_params).transform(X)
+
+
+def caller_level() -> int:
+    """``stacklevel`` for a warning raised here that points at the first line outside ``solvers``: the user's."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("solvers."):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 # ------------------------------------------------------------------ inputs
@@ -191,7 +201,7 @@ def check_labels(y, n: int, name: str = "y"):
         raise ValueError("this estimator requires y to be passed, but the target y is None")
     if getattr(y, "ndim", 1) == 2 and y.shape[1] == 1:
         warnings.warn("A column-vector y was passed when a 1d array was expected; using y.ravel()",
-                      DataConversionWarning, stacklevel=3)
+                      DataConversionWarning, stacklevel=caller_level())
         y = y.reshape(-1)
     if isinstance(y, torch.Tensor):
         if y.ndim != 1 or y.shape[0] != n:
@@ -214,7 +224,10 @@ def check_labels(y, n: int, name: str = "y"):
 
 
 def as_output(t: torch.Tensor, numpy_out: bool):
-    """NumPy in, NumPy out; torch in, torch out."""
+    """NumPy in, NumPy out; torch in, torch out. A gradient NumPy cannot carry is dropped with a warning."""
+    if numpy_out and t.requires_grad:
+        warnings.warn("X is a NumPy array, so this result is NumPy and drops its gradient (targets or kernel "
+                      "parameters require grad); pass X as a torch.Tensor to keep it", stacklevel=caller_level())
     return t.detach().cpu().numpy() if numpy_out else t
 
 
@@ -300,6 +313,13 @@ class Estimator(_Base):
     """
 
     _parameters: dict = {}
+
+    def __sklearn_clone__(self):
+        """scikit-learn's ``clone``, with tensor hyper-parameters shared rather than deep-copied: a tensor
+        carries the caller's gradient, and one computed from a parameter cannot be deep-copied."""
+        tensors = {k: v for k, v in self.get_params(deep=False).items() if isinstance(v, torch.Tensor)}
+        stripped = copy.copy(self).set_params(**dict.fromkeys(tensors))
+        return super(Estimator, stripped).__sklearn_clone__().set_params(**tensors)
 
     def _check_common(self) -> None:
         table = {**COMMON_PARAMETERS, **self._parameters}
@@ -442,7 +462,7 @@ class Estimator(_Base):
         if not info.converged:
             warnings.warn(f"{type(self).__name__}: {what} did not converge ({info.reason}; "
                           f"{info.iterations} iterations, max residual {float(info.residuals.max()):.3g}); "
-                          f"see info_", ConvergenceWarning, stacklevel=3)
+                          f"see info_", ConvergenceWarning, stacklevel=caller_level())
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -19,6 +19,7 @@ the formula holds.
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import numbers
@@ -100,6 +101,11 @@ class Kernel:
             raise ValueError(f"invalid parameter {unknown[0]!r} for {type(self).__name__}; valid: {sorted(current)}")
         self.__init__(**{**current, **params})
         return self
+
+    def __sklearn_clone__(self):
+        """scikit-learn's ``clone``: the same arguments, tensors shared rather than deep-copied (a tensor
+        carries the caller's gradient, and one computed from a parameter cannot be deep-copied)."""
+        return type(self)(**{k: v if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in self.get_params().items()})
 
 
 class _Radial(Kernel):

@@ -61,7 +61,17 @@ class _Spectral(Estimator):
         return self
 
 
-class KernelPCA(TransformerMixin, _Spectral):
+class _Projection(TransformerMixin, _Spectral):
+    """A fit whose ``transform`` projects on ``eigenvectors_``."""
+
+    def get_feature_names_out(self, input_features=None) -> np.ndarray:
+        """Names of ``transform``'s columns, scikit-learn's way (``kernelpca0``, ...), e.g. for ``set_output``."""
+        self._check_fitted("eigenvectors")
+        prefix = type(self).__name__.lower()
+        return np.asarray([f"{prefix}{i}" for i in range(self._eigenvectors.shape[1])], dtype=object)
+
+
+class KernelPCA(_Projection):
     """Leading eigenpairs of the centred kernel ``H K H`` (``H = I - 11^T / n``), as in scikit-learn.
 
     The centring is applied inside the operator (``H (K (H V))``), never to a
@@ -143,7 +153,7 @@ class _WithinClass(Source):
         return self.K.matmul_nograd(self.centre(self.K.columns(idx)))
 
 
-class KernelLDA(ClassifierMixin, TransformerMixin, _Spectral):
+class KernelLDA(ClassifierMixin, _Projection):
     """Kernel Fisher discriminant (Mika et al. 1999).
 
     With class means of kernel columns ``m_c`` and their mean ``m``, the

@@ -76,6 +76,7 @@ def test_every_operation_parses_as_the_method(text, variables):
         ("0 < x < 1", "chained comparisons"),
         ("[x for x in y]", "ListComp"),
         ("x * IntInv(0)", "position 4: division by zero"),
+        ("exp(x, y)", "position 0: exp\\(\\) takes 1 positional argument but 2 were given"),  # not a closure's name
     ],
 )
 def test_errors_say_what_and_where(text, match, variables):

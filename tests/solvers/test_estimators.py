@@ -333,7 +333,9 @@ def test_scikit_learn_model_selection():
     labels = (X[:, 0] > 0).astype(int)
     assert cross_val_score(KernelLDA(RBF(0.5)), X, labels, cv=3).mean() > 0.8
     pca = make_pipeline(StandardScaler(), KernelPCA(RBF(0.3), 2)).fit(X)
-    assert pca.transform(X).shape == (90, 2)
+    assert pca.transform(X).shape == (90, 2) and list(pca.get_feature_names_out()) == ["kernelpca0", "kernelpca1"]
+    frame = KernelLDA(RBF(0.5)).set_output(transform="pandas").fit(X, labels).transform(X[:3])
+    assert list(frame.columns) == ["kernellda0"]
 
 
 def test_kernel_parameters_tune_and_scores_take_sample_weight():

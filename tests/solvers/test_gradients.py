@@ -125,3 +125,21 @@ def test_no_graph_through_iterations_without_grad():
     X, Y, Xq = _inputs(40, 2, 4)
     est = KernelRidge(Matern(2.5, 0.5), 0.5, source="streamed").fit(X, Y)
     assert not est.dual_coef_.requires_grad and not est.predict(Xq).requires_grad
+
+
+def test_clone_shares_tensor_hyperparameters_and_numpy_output_warns_of_its_lost_gradient():
+    from sklearn.base import clone
+
+    X, Y, Xq = _inputs(40, 3, 5)
+    g = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    est = KernelRidge(Matern(2.5, g * 2), g * 0.5, source="streamed", rtol=1e-12)  # non-leaf tensors
+    copy = clone(est)
+    assert copy is not est and copy.kernel is not est.kernel
+    assert copy.kernel.gamma is est.kernel.gamma and copy.alpha is est.alpha
+    copy.fit(X, Y).predict(Xq).sum().backward()
+    reference = _leaves(g.detach())[0]
+    _dense_fit("ridge", X, Y, Xq, reference * 2, reference * 0.5, None).sum().backward()
+    torch.testing.assert_close(g.grad, reference.grad)
+    with pytest.warns(UserWarning, match="drops its gradient") as caught:
+        pred = KernelRidge(Matern(2.5, 0.7), 0.5).fit(X.numpy(), Y.clone().requires_grad_()).predict(Xq.numpy())
+    assert pred.shape == (5, 2) and {w.filename for w in caught} == {__file__}  # it points at the caller's line
