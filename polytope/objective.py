@@ -39,16 +39,32 @@ class ClosureObjective:
 class EvaluatorObjective:
     """``evaluator.evaluate_batch(batch, inputs, targets)`` on a fixed batch of data as an Objective."""
 
-    def __init__(self, evaluator, inputs, targets):
+    def __init__(self, evaluator, inputs, targets, params=None):
+        """``params``: the optimizer's tensors, whose order its candidates follow (see ``placed``)."""
         if not callable(getattr(evaluator, "evaluate_batch", None)):
             raise TypeError("evaluator must have an evaluate_batch(batch, inputs, targets) method")
         self.evaluator, self.inputs, self.targets = evaluator, inputs, targets
+        layout, model = getattr(evaluator, "layout", None), getattr(evaluator, "model", None)
+        self.index = None if params is None or layout is None else layout.positions(model, params)
 
     def __call__(self, batch: CandidateBatch, subset: torch.Tensor | None = None) -> torch.Tensor:
         inputs, targets = self.inputs, self.targets
         if subset is not None:
             inputs, targets = inputs[subset], targets[subset]
-        return self.evaluator.evaluate_batch(batch, inputs, targets)
+        return self.evaluator.evaluate_batch(self.placed(batch), inputs, targets)
+
+    def placed(self, batch: CandidateBatch) -> CandidateBatch:
+        """The batch in the model's coordinates: an optimizer on some of the model's parameters (the trainable
+        ones) or with its groups in another order numbers them its own way; the other parameters keep their values."""
+        if self.index is None:
+            return batch
+        if batch.subspace is not None:
+            raise ValueError("a subspace spans the model's parameters: build the optimizer on model.parameters(), "
+                             "in that order, to use one")
+        base = self.evaluator.layout.flatten(self.evaluator.model).to(batch.base.dtype)
+        index = self.index.to(base.device)
+        base[index] = batch.base
+        return CandidateBatch(base, [CandidateGroup(index[g.index], g.delta, g.info) for g in batch.groups])
 
 
 def chunks(groups: list[CandidateGroup], size: int | None) -> Iterator[list[CandidateGroup]]:

@@ -29,7 +29,6 @@ from functools import partial
 from typing import Any, Callable, Sequence
 
 import torch
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from . import validation as check
 from .candidates import Subspace
@@ -57,6 +56,19 @@ def _config(config: PolytopeConfig | None, keywords: dict[str, Any]) -> Polytope
     if given:
         raise TypeError(f"pass the settings either in config= or as keywords, not both (got config and {sorted(given)})")
     return config
+
+
+def _flat(params) -> torch.Tensor:
+    """The parameters as one new flat vector, in order (whatever their strides)."""
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+def _write(x: torch.Tensor, params) -> None:
+    """Copy ``x`` into the parameters' own storage: a parameter never aliases the optimizer's state."""
+    start = 0
+    for p in params:
+        p.copy_(x[start : start + p.numel()].view_as(p))
+        start += p.numel()
 
 
 class PolytopeOptimizer(torch.optim.Optimizer):
@@ -114,7 +126,7 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         self.radius_ratios = torch.tensor([1.0 if r is None else r / radii[0] for r in radii], dtype=torch.float64)
         seed = int(torch.randint(0, 2**62, (1,)).item()) if c.seed is None else c.seed  # None follows torch.manual_seed
         self._generator = torch.Generator().manual_seed(seed)
-        self._x = parameters_to_vector(self._params).detach().clone()
+        self._x = _flat(self._params)
         self.probes, self._block_group = self._make_probes()
         self.momentum_state, self.scale = Momentum(self.dims), ProbeScale()
         self.temperature = AdaptiveTemperature() if c.temperature is None else FixedTemperature(c.temperature)
@@ -190,15 +202,16 @@ class PolytopeOptimizer(torch.optim.Optimizer):
 
     # ---------------------------------------------------------------- objective
     def register_evaluator(self, evaluator, inputs, targets) -> None:
-        """Score candidates with ``evaluator.evaluate_batch(batch, inputs, targets)`` until replaced."""
-        self._objective = EvaluatorObjective(evaluator, inputs, targets)
+        """Score candidates with ``evaluator.evaluate_batch(batch, inputs, targets)`` until replaced; the
+        evaluator's model may hold more parameters than the optimizer (those keep their values)."""
+        self._objective = EvaluatorObjective(evaluator, inputs, targets, self._params)
 
     def unregister_evaluator(self) -> None:
         self._objective = None
 
     def resync_from_model(self) -> None:
         """Adopt the parameters as they are now (after external changes); forget stale comparisons."""
-        self._x = parameters_to_vector(self._params).detach().clone()
+        self._x = _flat(self._params)
         self._model = None
         self._record = None
         self._pending.zero_()
@@ -296,7 +309,7 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         self._pending.zero_()
         self.momentum_state.reset()
         with torch.no_grad():
-            vector_to_parameters(self._x, self._params)
+            _write(self._x, self._params)
         return f_old
 
     def _probes(self, objective: Objective, token, active: list[int], room: float) -> tuple[torch.Tensor, torch.Tensor, list]:
@@ -365,7 +378,7 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         self._x = self._x + step.to(self._x.dtype)
         self._pending += scaled_step
         with torch.no_grad():
-            vector_to_parameters(self._x, self._params)
+            _write(self._x, self._params)
 
     def _coast(self) -> None:
         """A momentum-only step between sampled ones: no evaluations."""
@@ -447,4 +460,4 @@ class PolytopeOptimizer(torch.optim.Optimizer):
         for group, saved in zip(self.param_groups, s["groups"]):
             group.update(saved)
         with torch.no_grad():
-            vector_to_parameters(self._x, self._params)
+            _write(self._x, self._params)

@@ -73,6 +73,21 @@ class ParameterLayout:
         slots = self.slots if names is None else [self.by_name[name] for name in names]
         return {slot.name: flat[..., slot.start : slot.stop].reshape(*lead, *slot.shape) for slot in slots}
 
+    def positions(self, model: nn.Module, params) -> torch.Tensor | None:
+        """Flat coordinates of ``params`` (any of the model's parameters, in any order) in this layout,
+        in the order they list them; None when they are all of ``model.parameters()`` in its order."""
+        params, own = list(params), list(model.parameters())
+        if len(params) == len(own) and all(p is q for p, q in zip(params, own)):
+            return None
+        where = {id(p): slot for p, slot in zip(own, self.slots)}
+        missing = [i for i, p in enumerate(params) if id(p) not in where]
+        if missing:
+            raise ValueError(f"params[{missing[0]}] (shape {tuple(params[missing[0]].shape)}) is not a parameter of "
+                             f"the model; build the optimizer on model.parameters() (or some of them)")
+        if len({id(p) for p in params}) != len(params):
+            raise ValueError("params lists a parameter twice")
+        return torch.cat([torch.arange(where[id(p)].start, where[id(p)].stop) for p in params])
+
     def flatten(self, model: nn.Module) -> torch.Tensor:
         """The model's current parameters as one detached flat vector."""
         return torch.cat([p.detach().reshape(-1) for p in model.parameters()])

@@ -65,11 +65,13 @@ def make_blocks(spec, group_tensors: list[list[tuple[int, int]]], subspace_block
 
 def _group_blocks(spec, tensors: list[tuple[int, int]], space: int) -> list[int]:
     if spec == "all":
-        return [space]
+        return [space] if space else []
     if isinstance(spec, int):
         return [min(spec, space - start) for start in range(0, space, spec)]
     sizes: list[int] = []
     for numel, ndim in tensors:
+        if numel == 0:
+            continue  # an empty tensor has no coordinates to probe
         if spec == "layer" and ndim < 2 and sizes:
             sizes[-1] += numel  # biases and norms join the layer before them
         else:

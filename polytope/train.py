@@ -15,8 +15,9 @@ from torch import nn
 from . import distributed
 from . import validation as check
 from .evaluators import NNCostEvaluator
-from .evaluators.functional import buffers_restored
+from .evaluators.functional import buffers_restored, call_with
 from .optimizer import PolytopeOptimizer
+from .param_layout import ParameterLayout
 
 DATA_FORMS = "an (inputs, targets) pair of torch tensors or an iterable (list, DataLoader) of such pairs"
 STALL_STEPS = 30  # consecutive evaluated steps without an accepted move before train() warns
@@ -104,22 +105,29 @@ def _check_dtype(model: nn.Module, inputs: torch.Tensor) -> None:
                         f"convert one of them (e.g. inputs.to({param.dtype}) or model.to({inputs.dtype}))")
 
 
-def flat_closure(model: nn.Module, loss_fn: Callable, inputs, targets, shards=None) -> Callable[..., torch.Tensor]:
+def flat_closure(model: nn.Module, loss_fn: Callable, inputs, targets, shards=None, params=None) -> Callable[..., torch.Tensor]:
     """closure(candidates (C, n), subset=None) -> (C,) losses, one functional forward per candidate
-    (this rank's range of them, all-gathered, with ``shards`` from ``distributed.ranks``)."""
-    names = [name for name, _ in model.named_parameters()]
-    shapes = [p.shape for _, p in model.named_parameters()]
-    sizes = [p.numel() for _, p in model.named_parameters()]
+    (this rank's range of them, all-gathered, with ``shards`` from ``distributed.ranks``).
+
+    ``params``: the tensors the candidates' coordinates belong to, in that order (an optimizer's
+    parameters: some of the model's, e.g. its trainable ones, or in other groups' order); the
+    model's other parameters keep their values. Default: all of ``model.parameters()``.
+    """
+    layout = ParameterLayout(model)
+    index = None if params is None else layout.positions(model, params)
 
     def closure(candidates: torch.Tensor, subset: torch.Tensor | None = None) -> torch.Tensor:
         x, y = (inputs, targets) if subset is None else (inputs[subset], targets[subset])
+        if index is not None:  # the optimizer's coordinates, placed among the model's
+            whole = layout.flatten(model).to(candidates.dtype).repeat(candidates.shape[0], 1)
+            whole[:, index.to(candidates.device)] = candidates
+            candidates = whole
 
         def score(start: int, stop: int) -> torch.Tensor:
             losses = []
             with buffers_restored(model):  # as the evaluator: a candidate's forward leaves BatchNorm statistics alone
                 for row in candidates[start:stop]:
-                    params = {n: t.view(s) for n, t, s in zip(names, row.split(sizes), shapes)}
-                    losses.append(loss_fn(torch.func.functional_call(model, params, (x,)), y).detach().reshape(-1))
+                    losses.append(loss_fn(call_with(model, layout.views(row), x), y).detach().reshape(-1))
             return torch.cat(losses) if losses else candidates.new_empty(0)
 
         return distributed.scored(shards, candidates.shape[0], score)
@@ -176,15 +184,17 @@ def _check_arguments(model, loss_fn, steps, max_evaluations, seed, batch_size, p
 
 
 def _optimizer_for(model: nn.Module, optimizer, options: dict, seed, max_evaluations) -> PolytopeOptimizer:
-    """The given optimizer (built on this model, with no options beside it), else a new one with ``options``."""
+    """The given optimizer (built on some of this model's parameters, with no options beside it), else a new one
+    with ``options`` on the trainable parameters: ``requires_grad=False`` freezes a tensor, as for torch.optim
+    (a model with none trainable, as derivative-free users often leave it, trains them all)."""
     if optimizer is None:
-        return PolytopeOptimizer(model.parameters(), seed=seed, max_evaluations=max_evaluations, **options)
+        params = [p for p in model.parameters() if p.requires_grad] or list(model.parameters())
+        return PolytopeOptimizer(params, seed=seed, max_evaluations=max_evaluations, **options)
     if options:
         raise TypeError(f"optimizer options {sorted(options)} given together with an optimizer")
     if not isinstance(optimizer, PolytopeOptimizer):
         raise TypeError(f"optimizer must be a PolytopeOptimizer or None, got {type(optimizer).__name__}")
-    if {id(p) for p in optimizer._params} != {id(p) for p in model.parameters()}:
-        raise ValueError("optimizer must have been built on model.parameters()")
+    ParameterLayout(model).positions(model, optimizer._params)  # an error naming the tensor that is not the model's
     return optimizer
 
 
@@ -239,7 +249,7 @@ class _Run:
             self.optimizer.register_evaluator(self.evaluator, inputs, targets)
             self.optimizer.step(objective_token=token, max_evaluations=left)
         else:
-            closure = flat_closure(self.model, self.loss_fn, inputs, targets, self.shards)
+            closure = flat_closure(self.model, self.loss_fn, inputs, targets, self.shards, self.optimizer._params)
             self.optimizer.step(closure, objective_token=token, max_evaluations=left)
         return not self.optimizer.last_info.get("exhausted")
 

@@ -20,11 +20,26 @@ def as_args(inputs) -> tuple:
     return inputs if isinstance(inputs, tuple) else (inputs,)
 
 
+def call_with(model: nn.Module, params: dict, inputs):
+    """``functional_call``, then every module's own parameters put back.
+
+    torch swaps the tensors in and out name by name, so a module reachable
+    under two names (one layer used twice) kept a candidate's tensors
+    afterwards (torch 2.13): the model changed, or held an escaped vmap tensor.
+    """
+    saved = [(module, dict(module._parameters)) for module in model.modules()]
+    try:
+        return functional_call(model, params, as_args(inputs))
+    finally:
+        for module, own in saved:
+            module._parameters.update(own)
+
+
 def vmap_forward(model: nn.Module, fixed: dict, varying: dict, inputs) -> torch.Tensor:
     """Outputs ``(C, ...)`` of the model with ``varying`` tensors (C, *shape) batched."""
 
     def one(params):
-        return functional_call(model, {**fixed, **params}, as_args(inputs))
+        return call_with(model, {**fixed, **params}, inputs)
 
     return torch.func.vmap(one)(varying)
 

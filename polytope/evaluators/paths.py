@@ -13,11 +13,10 @@ from __future__ import annotations
 import warnings
 
 import torch
-from torch.func import functional_call
 
 from ..subspaces import BlockSubspace, FactoredSubspace
 from .chunking import is_out_of_memory
-from .functional import as_args, buffers_restored
+from .functional import as_args, buffers_restored, call_with
 from .groups import Group, candidate_values, writes
 from .inplace import inplace_losses
 from .mlp import group_changes, mlp_outputs, replacement_changes, subspace_changes
@@ -164,7 +163,7 @@ class SiteVmap(Path):
         fixed = {n: v for n, v in layout.views(group.base).items() if n not in names}
         if not slots:  # every candidate equals the base: one forward
             with evaluator.autocast(), buffers_restored(evaluator.model):
-                loss = evaluator.loss.single(functional_call(evaluator.model, fixed, as_args(inputs)), targets)
+                loss = evaluator.loss.single(call_with(evaluator.model, fixed, inputs), targets)
             return loss.expand(group.count)
         width = sum(layout.slots[s].numel for s in slots)
         chunk = evaluator.chunk_for(group.count, width, evaluator.activation_numel(inputs), group.base)

@@ -180,3 +180,103 @@ def test_train_warns_when_no_step_is_accepted_for_long():
     with pytest.warns(RuntimeWarning, match="no step was accepted"):
         train(model, noisy, (x, y), steps=80, seed=0, progress=False, use_evaluator=False, radii=1e-6,
               radius_model="quadratic", trust_region=True)
+
+
+def _reference_closure(model, loss_fn, x, y, params):
+    """Candidates in the order of ``params`` (the optimizer's), scored on a copy of the model: written
+    independently of flat_closure and the evaluator's ParameterLayout."""
+    import copy
+
+    def closure(candidates):
+        losses = []
+        for row in candidates:
+            twin = copy.deepcopy(model)
+            twins = dict(zip(map(id, model.parameters()), twin.parameters()))
+            torch.nn.utils.vector_to_parameters(row, [twins[id(p)] for p in params])
+            with torch.no_grad():
+                losses.append(loss_fn(twin(x), y))
+        return torch.stack(losses)
+
+    return closure
+
+
+@pytest.mark.parametrize("route", ["evaluator", "flat_closure", "train"])
+def test_groups_in_another_order_and_frozen_tensors_score_the_optimizers_own_coordinates(route):
+    """An optimizer's coordinates follow its own parameter list: groups in another order than the model's, or
+    only the trainable tensors. Every scoring route must read them that way (they read model order before)."""
+    from polytope import NNCostEvaluator, flat_closure
+
+    finals = []
+    for reference in (True, False):
+        torch.manual_seed(4)
+        x, y = torch.randn(24, 3, dtype=torch.float64), torch.randn(24, 2, dtype=torch.float64)
+        model = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+        model[2].requires_grad_(False)
+        frozen = model[2].weight.detach().clone()
+        loss_fn = nn.functional.mse_loss
+        head, body = list(model[4].parameters()), list(model[0].parameters())
+        params = head + body  # the optimizer's order: not the model's, and without the frozen layer
+        opt = PolytopeOptimizer([{"params": head}, {"params": body, "radius": 0.05}], seed=0, radii=0.1)
+        if reference:
+            for _ in range(4):
+                opt.step(_reference_closure(model, loss_fn, x, y, params))
+        elif route == "evaluator":
+            opt.register_evaluator(NNCostEvaluator(model, loss_fn), x, y)
+            for _ in range(4):
+                opt.step()
+        elif route == "flat_closure":
+            for _ in range(4):
+                opt.step(flat_closure(model, loss_fn, x, y, params=params))
+        else:
+            train(model, loss_fn, (x, y), optimizer=opt, steps=4, progress=False)
+        assert torch.equal(model[2].weight, frozen)
+        finals.append(opt.incumbent.clone())
+    torch.testing.assert_close(finals[1], finals[0], rtol=1e-12, atol=1e-12)
+
+
+def test_train_leaves_frozen_tensors_alone_and_a_model_with_none_trainable_trains_them_all():
+    model, loss_fn, x, y = problem()
+    model = nn.Sequential(nn.Linear(3, 3), model[0])
+    model[0].requires_grad_(False)
+    frozen = model[0].weight.detach().clone()
+    train(model, loss_fn, (x, y), steps=3, seed=0, progress=False, radii=0.1)
+    assert torch.equal(model[0].weight, frozen) and not torch.equal(model[1].weight, torch.zeros(1))
+    model.requires_grad_(False)  # derivative-free users often switch autograd off altogether
+    train(model, loss_fn, (x, y), steps=3, seed=0, progress=False, radii=0.1)
+    assert not torch.equal(model[0].weight, frozen)
+    with pytest.raises(ValueError, match=r"params\[0\] .* is not a parameter of the model"):
+        train(model, loss_fn, (x, y), optimizer=PolytopeOptimizer([nn.Parameter(torch.zeros(2))]), steps=1,
+              progress=False)
+
+
+def test_a_layer_used_twice_is_scored_right_and_left_as_it_was():
+    """torch.func.functional_call restores a module reachable under two names once, leaving a candidate's tensor
+    (or an escaped vmap tensor) in the model; every route must leave the model's Parameters in place."""
+    from polytope import NNCostEvaluator, flat_closure
+
+    torch.manual_seed(5)
+    shared = nn.Linear(4, 4)
+    model = nn.Sequential(shared, nn.Tanh(), shared, nn.Tanh(), nn.Linear(4, 2)).double()
+    x, y = torch.randn(6, 4, dtype=torch.float64), torch.randn(6, 2, dtype=torch.float64)
+    params = list(model.parameters())
+    before = [p.detach().clone() for p in params]
+    base = torch.cat([p.detach().reshape(-1) for p in params])
+    candidates = base + 0.3 * torch.randn(3, base.numel(), dtype=torch.float64)
+    expected = _reference_closure(model, nn.functional.mse_loss, x, y, params)(candidates)
+    for score in (NNCostEvaluator(model, nn.functional.mse_loss).evaluate,
+                  lambda c, a, b: flat_closure(model, nn.functional.mse_loss, a, b)(c)):
+        torch.testing.assert_close(score(candidates, x, y), expected)
+        assert all(p is q and torch.equal(p, b) for p, q, b in zip(model.parameters(), params, before))
+    train(model, nn.functional.mse_loss, (x, y), steps=2, seed=0, progress=False, radii=0.1)
+    assert all(type(p) is nn.Parameter for p in model.parameters())
+
+
+def test_parameters_never_alias_the_optimizer_state_and_any_strides_work():
+    weight = nn.Parameter(torch.randn(4, 3).t())  # not contiguous
+    empty = nn.Parameter(torch.zeros(0))
+    opt = PolytopeOptimizer([weight, empty], blocks="tensor", seed=0, radii=0.1)
+    opt.step(lambda c: (c**2).sum(1))
+    assert not weight.is_contiguous() and torch.equal(weight.detach().reshape(-1), opt.incumbent)
+    with torch.no_grad():
+        weight.mul_(0)  # the user's own in-place edit
+    assert opt.incumbent.abs().sum() > 0
