@@ -175,6 +175,8 @@ def check_targets(Y, n: int, dtype: torch.dtype, estimator, name: str = "y") -> 
     Y, _ = as_tensor(Y, name)
     if Y.ndim not in (1, 2) or Y.shape[0] != n:
         raise ValueError(f"{name} must have shape ({n},) or ({n}, n_targets) to match X, got {tuple(Y.shape)}")
+    if Y.ndim == 2 and Y.shape[1] == 0:
+        raise ValueError(f"Found {name} with 0 target(s) (shape={tuple(Y.shape)}) while a minimum of 1 is required.")
     Y = Y.to(dtype)
     _check_finite(Y, name)
     return Y

@@ -373,6 +373,9 @@ def test_bad_input_is_named():
         KernelRidge(RBF(1.0)).fit(X.clone().index_fill_(0, torch.tensor([3]), float("nan")), Y)
     with pytest.raises(ValueError, match="y must have shape"):
         KernelRidge(RBF(1.0)).fit(X, Y[:-1])
+    for estimator in (KernelRidge(RBF(1.0)), KernelRidge(RBF(1.0), source="streamed"), LandmarkRidge(RBF(1.0))):
+        with pytest.raises(ValueError, match=r"y with 0 target\(s\)"):  # was an IndexError / torch's min()
+            estimator.fit(X, Y[:, :0])
     with pytest.raises(TypeError, match="sparse"):
         import scipy.sparse
 
