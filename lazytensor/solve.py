@@ -17,7 +17,7 @@ import torch
 from .lazy_tensor import LazyTensor
 from .variables import Variable
 
-SOLVE_OPTIONS = ("rtol", "maxiter", "backend", "chunk_size", "ranges")
+SOLVE_OPTIONS = ("rtol", "atol", "maxiter", "backend", "chunk_size", "ranges")
 
 
 def _dense_rhs(b):
@@ -42,8 +42,9 @@ def kernel_solve(K: LazyTensor, b, alpha=1e-10, **options):
     """Solve (K + alpha I) a = b by conjugate gradients; ``K`` a scalar N x N formula, ``b`` (N,), (N, C) or Vi(b).
 
     Options: ``rtol`` (relative residual, default 1e-4 in float32 and 1e-10 in
-    float64), ``maxiter``, and ``backend`` / ``chunk_size`` / ``ranges`` for
-    the products. A ``ConvergenceWarning`` says when CG stopped short.
+    float64) and ``atol`` (absolute, default 0: a column stops at the larger),
+    ``maxiter``, and ``backend`` / ``chunk_size`` / ``ranges`` for the products.
+    A ``ConvergenceWarning`` says when CG stopped short.
     Differentiable in ``b``, ``alpha`` (a tensor) and K's tensors (first order).
     """
     unknown = sorted(set(options) - set(SOLVE_OPTIONS))

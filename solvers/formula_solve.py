@@ -43,24 +43,25 @@ class FormulaMatrix(Source):
         return self.K.T.matmul(U, **self.products)
 
 
-def solve_shifted(K, B: torch.Tensor, alpha: torch.Tensor, *, rtol: float | None = None, maxiter: int | None = None,
-                  **products) -> torch.Tensor:
+def solve_shifted(K, B: torch.Tensor, alpha: torch.Tensor, *, rtol: float | None = None, atol: float = 0.0,
+                  maxiter: int | None = None, **products) -> torch.Tensor:
     """``(K + alpha I)^{-1} B`` for a square scalar formula ``K`` (torch results) and a 2-D ``B``.
 
     Differentiable in ``B``, ``alpha`` (a scalar tensor) and the tensors of
-    ``K`` (first order). A ``ConvergenceWarning`` says when CG, forward or
-    adjoint, stopped short of ``rtol`` (default :data:`DEFAULT_RTOL`).
+    ``K`` (first order). A column is done when its residual is within
+    ``max(rtol ||b||, atol)`` (``rtol`` default :data:`DEFAULT_RTOL`); a
+    ``ConvergenceWarning`` says when CG, forward or adjoint, stopped short.
     """
     A = FormulaMatrix(K, B.dtype, B.device, **products)
-    rtol = rtol or DEFAULT_RTOL.get(B.dtype, 1e-10)
+    rtol = DEFAULT_RTOL.get(B.dtype, 1e-10) if rtol is None else rtol
     shift = float(alpha.detach())
 
     def solve(operator, R, what):
-        X, info = cg(Shifted(operator, shift), R, rtol=rtol, maxiter=maxiter)
+        X, info = cg(Shifted(operator, shift), R, rtol=rtol, atol=atol, maxiter=maxiter)
         if not info.converged:
             worst = float((info.residuals / R.norm(dim=0).clamp_min(1e-300)).max())
             warnings.warn(f"LazyTensor.solve: conjugate gradient did not converge{what} ({info.reason}, relative "
-                          f"residual {worst:.2e}, rtol {rtol:g})", ConvergenceWarning, stacklevel=5)
+                          f"residual {worst:.2e}, rtol {rtol:g}, atol {atol:g})", ConvergenceWarning, stacklevel=5)
         return X
 
     with torch.no_grad():

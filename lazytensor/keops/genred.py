@@ -176,7 +176,7 @@ class KernelSolve:
         if axis not in (0, 1):
             raise ValueError(f"axis must be 0 or 1, got {axis!r}")
 
-    def __call__(self, *args, alpha=1e-10, backend="auto", device_id=-1, ranges=None, **kwargs):
+    def __call__(self, *args, alpha=1e-10, eps=None, backend="auto", device_id=-1, ranges=None, **kwargs):
         genred = Genred(self.formula, [f"{n} = {dict(i='Vi', j='Vj', p='Pm')[a]}({k}, {d})" for n, a, d, k in self.aliases])
         names = genred._variables(args)
         rhs = names[self.varinvalias]
@@ -194,4 +194,4 @@ class KernelSolve:
             K = K.T
         b = next(iter(rhs.variables.values())).tensor
         solved = options({"backend": backend, **kwargs}, "solve", f.dtype)
-        return K.solve(b, alpha=alpha, ranges=ranges, **solved)
+        return K.solve(b, alpha=alpha, eps=eps, ranges=ranges, **solved)

@@ -137,6 +137,10 @@ class LazyTensor(CoreLazyTensor):
         return self._run("sum", axis, dim, None, kwargs)
 
     def logsumexp(self, axis=None, dim=None, weight=None, **kwargs):
+        if "other" in kwargs:  # pykeops hands its reduction's other= through: the weight
+            if weight is not None:
+                raise TypeError("logsumexp: give the weight once, as weight= or other=")
+            weight = kwargs.pop("other")
         return self._run("logsumexp", axis, dim, None, kwargs, weight=weight)
 
     def logsumexp_reduction(self, **kwargs):
@@ -204,12 +208,21 @@ class LazyTensor(CoreLazyTensor):
 
     __matmul__ = matmul
 
-    def solve(self, other, var=None, call=True, **kwargs):
-        """(K + alpha I) a = other by conjugate gradients (KeOps's ``solve``); ``other`` dense or Vi(b)."""
+    def solve(self, other, var=None, call=True, eps=None, **kwargs):
+        """(K + alpha I) a = other by conjugate gradients (KeOps's ``solve``); ``other`` dense or Vi(b).
+
+        It stops by KeOps's rule, the residual's root mean square entry below
+        ``eps`` (default 1e-6), where ``eps`` is given or the formula is not
+        float64; float64 keeps lazytensor's tighter relative default. ``rtol`` /
+        ``atol`` (lazytensor's) replace either.
+        """
         if var is not None:
             raise ValueError("solve(var=...) (a formula linear in var) is not supported: write K and call K.solve(Vi(b))")
         alpha = kwargs.pop("alpha", 1e-10)
-        solve_options = {k: kwargs.pop(k) for k in ("rtol", "maxiter") if k in kwargs}
+        solve_options = {k: kwargs.pop(k) for k in ("rtol", "atol", "maxiter") if k in kwargs}
+        keops_rule = eps is not None or self.dtype != torch.float64
+        if keops_rule and "rtol" not in solve_options and "atol" not in solve_options:  # per column: ||r_c||^2 < n eps^2
+            solve_options.update(rtol=0.0, atol=(1e-6 if eps is None else float(eps)) * self._size("i") ** 0.5)
         return CoreLazyTensor.solve(self, other, alpha, **solve_options, **options({"call": call, **kwargs}, "solve", self.dtype))
 
 

@@ -134,6 +134,36 @@ def test_solve_with_an_i_variable_right_hand_side(numpy):
         K.solve(lt.Vj(b), alpha=0.5) if not numpy else K.solve(lt.Vi(bs) * 2.0, alpha=0.5)
 
 
+# -- KernelSolve stops by KeOps's rule (RMS residual < eps) in float32: test_torch.py::test_invkernel's accuracy --------
+def test_kernel_solve_in_float32_is_as_accurate_as_keops_and_takes_eps():
+    from lazytensor.keops import KernelSolve
+
+    torch.manual_seed(0)
+    x, b = torch.rand(10, 3, requires_grad=True), torch.rand(10, 3)
+    g = torch.tensor([0.5])
+    solve = KernelSolve("Exp(-g * SqDist(x,y)) * a", ["x = Vi(3)", "y = Vj(3)", "a = Vj(3)", "g = Pm(1)"],
+                        "a", axis=1)
+    dense = lambda x: torch.exp(-g * torch.cdist(x, x) ** 2) + 0.1 * torch.eye(10)  # noqa: E731
+    for kw in ({}, {"eps": 1e-6}):
+        c = solve(x, x, b, g, alpha=0.1, **kw)
+        ref = torch.linalg.solve(dense(x), b)
+        torch.testing.assert_close(c, ref, rtol=0, atol=1e-4)  # the old relative 1e-4 stop missed by 1.5e-4
+        e = torch.rand_like(c)
+        (got,), (want,) = torch.autograd.grad((c * e).sum(), x), torch.autograd.grad((ref * e).sum(), x)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
+def test_logsumexp_takes_its_weight_as_keops_other():
+    from lazytensor.keops import LazyTensor
+
+    x, y, w = torch.randn(7, 1, 2), torch.randn(1, 9, 2), torch.rand(1, 9, 1) + 0.1
+    D = -((LazyTensor(x) - LazyTensor(y)) ** 2).sum(2)
+    dense = torch.logsumexp(-((x - y) ** 2).sum(2, keepdim=True) + w.log(), dim=1)
+    torch.testing.assert_close(D.logsumexp(axis=1, other=LazyTensor(w)), dense)  # test_torch_func_logsumexp.py's call
+    with pytest.raises(TypeError, match="once"):
+        D.logsumexp(axis=1, weight=LazyTensor(w), other=LazyTensor(w))
+
+
 # -- sum_scheme: KeOps's summation orders are accepted; kahan_scheme sums in float64 -----------------------------
 @pytest.mark.parametrize("scheme", ["auto", "direct_sum", "block_sum", "kahan_scheme"])
 def test_sum_scheme_is_accepted(scheme):
