@@ -22,7 +22,7 @@ import numpy as np
 import sympy
 import torch
 
-from . import ir, run, variables, vectors
+from . import diff, ir, run, variables, vectors
 from .reductions import named
 
 _FEATURES = ("features", -1)
@@ -289,6 +289,18 @@ class LazyTensor:
     def __getitem__(self, key):
         """``x[k]`` is ``elem(k)``, ``x[a:b]`` is ``extract(a, b - a)``, also after ``...`` or ``:`` (features only)."""
         return self._vector(vectors.index, key=key)
+
+    def grad(self, other, gradin):
+        """KeOps's ``Grad(f, x, e)``: ``sum_k e_k df_k/dx``, an exact formula of ``x``'s feature size.
+
+        ``other`` is one variable, matched by identity (the LazyTensor the
+        formula was written with); a formula that does not involve it gives 0.
+        """
+        x, e = as_lazy(other), as_lazy(gradin)
+        if len(x.variables) != 1 or x.expr not in x.variables:
+            raise ValueError(f"grad: other must be a variable (Vi, Vj or Pm of one tensor), got {x!r}")
+        info = variables.info(variables.aligned([(p.expr, p.variables) for p in (self, x, e)])[1])
+        return LazyTensor._build(lambda f, s, c: diff.vjp([(f, c)], [s], info)[s], self, x, e, width=x.width)
 
     def concat(self, other):
         """Features of self, then features of other."""

@@ -26,7 +26,7 @@ from .lazy_tensor import LazyTensor, as_lazy, where
 METHODS = (
     "exp log sqrt rsqrt abs sin cos tanh asin acos atan atan2 sigmoid relu step square sign floor round mod clamp ifelse "
     "xlogx sinxdivx sinc power sqnorm2 norm2 normalize sqdist dot weightedsqnorm weightedsqdist difference_matrix "
-    "elem extract one_hot matvecmult vecmatmult tensorprod keops_tensordot keops_kron"
+    "elem extract one_hot matvecmult vecmatmult tensorprod keops_tensordot keops_kron grad"
 ).split()
 # Feature-axis reductions written as functions: sum(x) is x.sum(-1), a formula.
 FEATURE_REDUCTIONS = ("sum", "min", "max", "argmin", "argmax")
@@ -40,7 +40,7 @@ KEOPS_NAMES = {
     "WeightedSqDist": "weightedsqdist", "Elem": "elem", "Extract": "extract", "OneHot": "one_hot",
     "MatVecMult": "matvecmult", "VecMatMult": "vecmatmult", "TensorProd": "tensorprod", "TensorDot": "keops_tensordot",
     "Kron": "keops_kron", "Sum": "sum", "Min": "min", "Max": "max", "ArgMin": "argmin", "ArgMax": "argmax",
-    "Concat": "concat", "Inv": "inv", "Minus": "minus",
+    "Concat": "concat", "Inv": "inv", "Minus": "minus", "Grad": "grad",
 }
 CONSTANTS = {"pi": math.pi, "inf": math.inf}
 _OPERATORS = {

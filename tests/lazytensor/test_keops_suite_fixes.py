@@ -164,6 +164,34 @@ def test_logsumexp_takes_its_weight_as_keops_other():
         D.logsumexp(axis=1, weight=LazyTensor(w), other=LazyTensor(w))
 
 
+# -- Grad(f, x, e) in formula strings (test_numpy.py::test_formula_simplification) and LazyTensor.grad --------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_grad_is_the_exact_vector_jacobian_product_to_second_order(dtype):
+    from lazytensor.keops import Genred
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(11, 3, generator=g, dtype=dtype), torch.rand(7, 3, generator=g, dtype=dtype)
+    b, e, u = (torch.rand(7, 2, generator=g, dtype=dtype), torch.rand(11, 2, generator=g, dtype=dtype),
+               torch.rand(11, 3, generator=g, dtype=dtype))
+    xg = x.clone().requires_grad_()
+    f = torch.exp(-((xg[:, None] - y[None]) ** 2).sum(-1, keepdim=True)) * torch.sin(xg[:, None, :2] * b[None])  # (11, 7, 2)
+    first = torch.autograd.grad((f * e[:, None]).sum(), xg, create_graph=True)[0]  # = sum_j Grad(f_ij, x, e_i)
+    second = torch.autograd.grad((first * u).sum(), xg)[0]
+    aliases = ["x = Vi(3)", "y = Vj(3)", "b = Vj(2)", "e = Vi(2)", "u = Vi(3)"]
+    text = "Exp(-SqDist(x,y)) * Sin(Extract(x, 0, 2) * b)"
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else {}
+    ours = Genred(f"Grad({text}, x, e)", aliases, reduction_op="Sum", axis=1)(x, y, b, e, u)
+    torch.testing.assert_close(ours, first.detach(), **tol)
+    ours2 = Genred(f"Grad(Grad({text}, x, e), x, u)", aliases, reduction_op="Sum", axis=1)(x, y, b, e, u)
+    torch.testing.assert_close(ours2, second, **tol)
+    xi = lt.Vi(x)  # the method: matched by the variable the formula was written with
+    core = (-xi.sqdist(lt.Vj(y))).exp().grad(xi, lt.Vi(e[:, :1])).sum(1)
+    torch.testing.assert_close(core, torch.autograd.grad(
+        (torch.exp(-((xg[:, None] - y[None]) ** 2).sum(-1)) * e[:, :1]).sum(), xg)[0], **tol)
+    with pytest.raises(ValueError, match="other must be a variable"):
+        xi.sqnorm2().grad(xi * 2, lt.Vi(e[:, :1]))
+
+
 # -- sum_scheme: KeOps's summation orders are accepted; kahan_scheme sums in float64 -----------------------------
 @pytest.mark.parametrize("scheme", ["auto", "direct_sum", "block_sum", "kahan_scheme"])
 def test_sum_scheme_is_accepted(scheme):
