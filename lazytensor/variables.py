@@ -223,6 +223,10 @@ def _flatten_batch(v: Variable, batch: tuple, flat: int) -> torch.Tensor:
     return t.reshape(flat, *core)
 
 
+class DtypeMismatch(TypeError, ValueError):
+    """Variables of different dtypes: a ``TypeError`` as torch raises, and the ``ValueError`` pykeops raises."""
+
+
 def check(variables: dict) -> None:
     """Number-made parameters take the formula's dtype and device; the others must agree on them and on lengths."""
     anchor = next((v.tensor for v in variables.values() if not v.follows_dtype), None)
@@ -235,7 +239,7 @@ def check(variables: dict) -> None:
     ref, *rest = (v.tensor for v in variables.values())
     for t in rest:
         if t.dtype != ref.dtype:
-            raise TypeError(f"variable dtypes differ: {ref.dtype} and {t.dtype}; convert them to one dtype")
+            raise DtypeMismatch(f"variable dtypes differ: {ref.dtype} and {t.dtype}; convert them to one dtype")
         if t.device != ref.device:
             raise ValueError(f"variable devices differ: {ref.device} and {t.device}")
     if ref.device.type == "meta":

@@ -143,6 +143,8 @@ def test_a_repeated_call_checks_its_variables_again():
         (lt.Vi(x) * lt.Vj(y)).sum(1)  # the same shapes, checked and kept
         with pytest.raises(TypeError, match="variable dtypes differ"):
             (lt.Vi(x) * lt.Vj(y.double())).sum(1)
+        with pytest.raises(ValueError, match="variable dtypes differ"):  # what pykeops raises (GeomLoss catches it)
+            (lt.Vi(x) * lt.Vj(y.double())).sum(1)
     for dtype in (torch.float32, torch.float64, torch.float32):
         p = lt.LazyTensor([2.0])
         out = (lt.Vi(x.to(dtype)).sqdist(lt.Vj(y.to(dtype))) * p).sum(1)
