@@ -14,13 +14,14 @@ import importlib.util
 import os
 import sys
 
-from . import genred, lazy, numpy, torch
+from . import config, genred, lazy, numpy, torch
 from .genred import Genred, KernelSolve, generic_argkmin, generic_argmin, generic_logsumexp, generic_sum
 from .lazy import LazyTensor, Pm, Vi, Vj
 
 __version__ = "2.3"  # the pykeops API this layer follows
 ENVIRONMENT_VARIABLE = "TP_KEOPS"
-_MODULES = {"pykeops": __name__, "pykeops.torch": torch.__name__, "pykeops.torch.cluster": torch.cluster.__name__,
+_MODULES = {"pykeops": __name__, "pykeops.config": config.__name__,
+            "pykeops.torch": torch.__name__, "pykeops.torch.cluster": torch.cluster.__name__,
             "pykeops.numpy": numpy.__name__, "pykeops.numpy.cluster": numpy.cluster.__name__}
 _saved: dict = {}
 
@@ -77,6 +78,41 @@ def set_verbose(level) -> None:
 
 def clean_pykeops() -> None:
     """Accepted for pykeops compatibility: there is no KeOps build cache (compiled kernels live in Inductor's cache)."""
+
+
+def get_build_folder() -> str:
+    """pykeops's build folder: none here; Inductor's cache directory is the nearest thing."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    except ImportError:  # another torch's layout
+        return os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
+    return cache_dir()
+
+
+def set_build_folder(path=None) -> None:
+    """Accepted for pykeops compatibility: kernels are built by Inductor, in its own cache."""
+
+
+def _check_bindings(flavour, points) -> None:
+    """One reduction whose value is known: sum_j |x_i - x_j| over the points 0, 1, 3."""
+    got = (flavour.Vi(points) - flavour.Vj(points)).abs().sum(axis=1)
+    if [float(v) for v in got.reshape(-1)] != [4.0, 3.0, 5.0]:
+        raise RuntimeError(f"pykeops bindings check failed: got {got}, expected [4, 3, 5]")
+    print(f"pyKeOps with {flavour.__name__.rsplit('.', 1)[-1]} bindings is working (on lazytensor)!")
+
+
+def test_torch_bindings() -> None:
+    """pykeops's install check: one small reduction against its known value."""
+    import torch as torch_module
+
+    _check_bindings(torch, torch_module.tensor([[0.0], [1.0], [3.0]]))
+
+
+def test_numpy_bindings() -> None:
+    """pykeops's install check for the NumPy flavour."""
+    import numpy as numpy_module
+
+    _check_bindings(numpy, numpy_module.array([[0.0], [1.0], [3.0]]))
 
 
 __all__ = ["install", "uninstall", "installed", "LazyTensor", "Vi", "Vj", "Pm", "Genred", "KernelSolve", "generic_sum",

@@ -212,6 +212,13 @@ def test_install_and_uninstall_map_the_pykeops_modules():
 
         assert pykeops is lk and LazyTensor is kt.LazyTensor and generic_logsumexp is kt.generic_logsumexp
         assert from_matrix is kt.cluster.from_matrix and lk.installed()
+        import pykeops.config  # user code reads its flags
+
+        assert pykeops.config.gpu_available == torch.cuda.is_available() and pykeops.config.torch_found
+        pykeops.test_torch_bindings()  # pykeops's install checks: a known value, or a RuntimeError
+        pykeops.test_numpy_bindings()
+        pykeops.set_build_folder("/nowhere")
+        assert isinstance(pykeops.get_build_folder(), str)
     finally:
         lk.uninstall()
     assert not lk.installed()
