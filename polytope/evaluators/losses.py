@@ -48,8 +48,8 @@ class CandidateLoss:
             try:
                 return torch.vmap(self._scalar, in_dims=(0, None))(outputs, targets)
             except Exception:  # noqa: BLE001 - any vmap incompatibility: fall back below
-                self.vmap_ok = False
-                losses = self._loop(outputs, targets, count)
+                losses = self._loop(outputs, targets, count)  # a loss wrong either way raises its own error here
+                self.vmap_ok = False  # only now known to be vmap's limit, not the loss's
                 warnings.warn("loss_fn does not run under torch.vmap; computing candidate losses one at a time", stacklevel=3)
                 return losses
         return self._loop(outputs, targets, count)

@@ -566,6 +566,16 @@ def test_loss_without_vmap_support_is_applied_per_candidate():
     assert rel_err(got, naive(model, F.mse_loss, cand, x, y)) < 1e-10
 
 
+def test_a_loss_that_is_wrong_either_way_raises_without_giving_up_vmap():
+    model, x, y, _ = make_case("mlp")
+    layout = ParameterLayout(model)
+    cand = flat_candidates(layout, layout.flatten(model), "sparse")
+    ev = NNCostEvaluator(model, lambda out, target: (out - target) ** 2)  # not a scalar
+    with pytest.raises(ValueError, match="scalar tensor per model"):
+        ev.evaluate(cand, x, y)
+    assert ev.loss.vmap_ok  # the error was the loss's, so the next (fixed) loss still runs under vmap
+
+
 def test_custom_contracts_validated():
     class Bad(nn.Module):
         polytope_contracts = {"linear", "fast"}
