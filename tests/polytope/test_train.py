@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -55,6 +57,26 @@ def test_scoring_candidates_leaves_batchnorm_statistics_alone_on_both_paths():
     assert states[0]["1.num_batches_tracked"] == states[1]["1.num_batches_tracked"] <= 5
     for name, value in states[0].items():
         torch.testing.assert_close(states[1][name], value, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_batchnorm_statistics_follow_one_forward_per_step_with_the_accepted_parameters():
+    """What docs/polytope.md says: scoring leaves the buffers alone, the uncharged History forward moves them."""
+    torch.manual_seed(4)
+    x, y = 3 * torch.randn(48, 3) + 1, torch.randn(48)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 1)).train()
+    replay = copy.deepcopy(model)
+    accepted = []
+    loss_fn = lambda out, t: nn.functional.mse_loss(out.squeeze(-1), t)  # noqa: E731
+    history = train(model, loss_fn, (x, y), steps=4, seed=0, progress=False,
+                    callback=lambda step, opt, hist: accepted.append([p.detach().clone() for p in model.parameters()]))
+    with torch.no_grad():
+        for params in accepted:
+            for target, value in zip(replay.parameters(), params):
+                target.copy_(value)
+            replay(x)
+    assert int(model[1].num_batches_tracked) == len(history) == 4
+    for name, value in replay.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value, msg=name)
 
 
 def test_train_same_seed_same_result_and_iterable_batches():
