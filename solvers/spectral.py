@@ -23,6 +23,8 @@ from .operators import Centred, Shifted
 from .preconditioners import LowRankPreconditioner, pivoted_cholesky
 from .sources import ShardedKernel, Source
 
+NOT_ALL = "not None: scikit-learn's 'every component' needs all n of them, an n x n matrix that streamed fits never store"
+
 __all__ = ["KernelPCA", "KernelLDA", "KernelSVD"]
 
 
@@ -94,7 +96,7 @@ class KernelPCA(_Projection):
         K = self._kernel_sources(X)[1]
         X, self._rows = _whole(K, X)
         n = X.shape[0]
-        k = check_count(self.n_components, "n_components", n, "at most the number of samples")
+        k = check_count(self.n_components, "n_components", n, "at most the number of samples; " + NOT_ALL)
         column_means = K.matmul_nograd(torch.full((n, 1), 1.0 / n, dtype=X.dtype, device=X.device)).squeeze(1)
         if self.source_ == "direct":
             Kc = K.matrix - column_means[:, None] - column_means[None, :] + column_means.mean()
@@ -284,7 +286,7 @@ class KernelSVD(_Spectral):
         if Y is not None:  # a second point set, replicated on every rank of a sharded fit
             Y = self._agreed(lambda: check_points(Y, "Y", estimator=self, n_features=X.shape[1], dtype=X.dtype)[0].detach())
         K = self._kernel_sources(X, Y, m=None if Y is None else Y.shape[0])[1]
-        k = check_count(self.n_components, "n_components", min(K.shape), "at most min(n_X, n_Y)")
+        k = check_count(self.n_components, "n_components", min(K.shape), "at most min(n_X, n_Y); " + NOT_ALL)
         if self.source_ == "direct":
             U, s, Vt = torch.linalg.svd(K.matrix, full_matrices=False)
             signs = fix_signs(U[:, :k])

@@ -399,6 +399,9 @@ def test_bad_input_is_named():
         KernelPCA(RBF(1.0), 31).fit(X)
     with pytest.raises(ValueError, match="n_components"):
         KernelSVD(RBF(1.0), 11).fit(X, Xq[:10])
+    for estimator in (KernelPCA(RBF(1.0), None), KernelSVD(RBF(1.0), None)):  # scikit-learn's "all of them"
+        with pytest.raises(ValueError, match="n_components .*not None: .*n x n"):
+            estimator.fit(X, *(() if isinstance(estimator, KernelPCA) else (Xq,)))
     with pytest.raises(ValueError, match="two classes"):
         KernelLDA(RBF(1.0)).fit(X, torch.zeros(30, dtype=torch.long))
     with pytest.raises(ValueError, match="n_components"):
