@@ -14,7 +14,7 @@ import importlib.util
 import os
 import sys
 
-from . import config, genred, lazy, numpy, torch
+from . import config, genred, lazy, numpy, references, torch
 from .genred import Genred, KernelSolve, generic_argkmin, generic_argmin, generic_logsumexp, generic_sum
 from .lazy import LazyTensor, Pm, Vi, Vj
 
@@ -22,12 +22,16 @@ __version__ = "2.3"  # the pykeops API this layer follows
 ENVIRONMENT_VARIABLE = "TP_KEOPS"
 _MODULES = {"pykeops": __name__, "pykeops.config": config.__name__,
             "pykeops.torch": torch.__name__, "pykeops.torch.cluster": torch.cluster.__name__,
-            "pykeops.numpy": numpy.__name__, "pykeops.numpy.cluster": numpy.cluster.__name__}
+            "pykeops.numpy": numpy.__name__, "pykeops.numpy.cluster": numpy.cluster.__name__,
+            # where pykeops's own tests import from: its dense references and its operations module
+            "pykeops.numpy.utils": references.__name__, "pykeops.torch.utils": references.__name__,
+            "pykeops.torch.operations": torch.__name__, "pykeops.numpy.operations": numpy.__name__}
 _saved: dict = {}
 
 
 def install(force: bool = True) -> bool:
-    """Make ``import pykeops`` (and ``pykeops.torch``, ``pykeops.numpy``, their ``cluster``) resolve to this module.
+    """Make ``import pykeops`` (and ``pykeops.torch``, ``pykeops.numpy``, their ``cluster``, ``utils`` and
+    ``operations``) resolve to this module.
 
     With ``force=False`` nothing changes where the real pykeops is importable.
     Returns whether the mapping is in place. ``uninstall()`` restores the previous modules.

@@ -212,6 +212,10 @@ def test_install_and_uninstall_map_the_pykeops_modules():
 
         assert pykeops is lk and LazyTensor is kt.LazyTensor and generic_logsumexp is kt.generic_logsumexp
         assert from_matrix is kt.cluster.from_matrix and lk.installed()
+        from pykeops.numpy.utils import squared_distances  # where pykeops's own test_torch.py imports from
+        from pykeops.torch.operations import KernelSolve
+
+        assert KernelSolve is kt.KernelSolve and squared_distances is lk.references.squared_distances
         import pykeops.config  # user code reads its flags
 
         assert pykeops.config.gpu_available == torch.cuda.is_available() and pykeops.config.torch_found

@@ -221,3 +221,56 @@ def test_kahan_scheme_is_more_accurate_in_float32():
 def test_unknown_sum_scheme_is_refused():
     with pytest.raises(ValueError, match="sum_scheme"):
         (lt.Vi(torch.randn(3, 1)) * lt.Vj(torch.randn(4, 1))).sum(1, sum_scheme="pairwise")
+
+
+# -- pykeops.numpy.utils / torch.utils: the dense references KeOps's test_numpy.py / test_torch.py import -----------
+SCALAR_KERNELS = {"gaussian": lambda u: torch.exp(-u), "laplacian": lambda u: torch.exp(-u.sqrt()),
+                  "cauchy": lambda u: 1 / (1 + u), "inverse_multiquadric": lambda u: (1 + u) ** -0.5}
+
+
+@pytest.mark.parametrize("kernel", sorted(SCALAR_KERNELS))
+def test_keops_reference_kernels_match_their_definitions_and_derivatives(kernel):
+    from lazytensor.keops import install, references, uninstall
+
+    install()
+    try:
+        from pykeops.numpy.utils import grad_np_kernel, log_np_kernel, np_kernel
+        from pykeops.torch.utils import torch_kernel
+    finally:
+        uninstall()
+    gen = torch.Generator().manual_seed(0)
+    x, y, s = torch.randn(7, 3, generator=gen, dtype=torch.float64), torch.randn(5, 3, generator=gen, dtype=torch.float64), 0.7
+    sq = ((x[:, None] - y[None]) ** 2).sum(-1).requires_grad_()  # the squared distances, directly
+    k = SCALAR_KERNELS[kernel](sq / s**2)
+    dk = torch.autograd.grad(k.sum(), sq)[0]  # each entry depends on its own distance only
+    xn, yn = x.numpy(), y.numpy()
+    for value, expected in ((np_kernel(xn, yn, s, kernel), k), (log_np_kernel(xn, yn, s, kernel), k.log()),
+                            (grad_np_kernel(xn, yn, s, kernel), dk), (torch_kernel(x, y, s, kernel), k)):
+        torch.testing.assert_close(torch.as_tensor(value), expected.detach())
+    # chain_rules: the gradient in x of sum_i <q_i, (K p)_i>, against autograd through the kernel
+    q, p = torch.randn(7, 2, generator=gen, dtype=torch.float64), torch.randn(5, 2, generator=gen, dtype=torch.float64)
+    xg = x.clone().requires_grad_()
+    expected = torch.autograd.grad((q * (SCALAR_KERNELS[kernel](((xg[:, None] - y[None]) ** 2).sum(-1) / s**2) @ p)).sum(), xg)[0]
+    chained = references.chain_rules(q.numpy(), x.numpy(), y.numpy(), grad_np_kernel(x.numpy(), y.numpy(), s, kernel), p.numpy())
+    torch.testing.assert_close(torch.as_tensor(chained), expected)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        np_kernel(x.numpy(), y.numpy(), s, "gausian")
+
+
+def test_keops_reference_helpers_on_the_sphere_and_log_sum_exp():
+    from lazytensor.keops import references
+
+    gen = torch.Generator().manual_seed(1)
+    a, b = [torch.nn.functional.normalize(torch.randn(n, 3, generator=gen, dtype=torch.float64), dim=1) for n in (6, 4)]
+    angle_cos = a @ b.T
+    chord = ((a[:, None] - b[None]) ** 2).sum(-1)  # |a - b|^2 = 2 - 2c on the sphere
+    expected = {"binet": angle_cos**2, "linear": angle_cos, "gaussian_oriented": torch.exp(-chord / 0.5**2),
+                "gaussian_unoriented": torch.exp(-(2 - 2 * angle_cos**2) / 0.5**2)}
+    for name, value in expected.items():
+        torch.testing.assert_close(torch.as_tensor(references.np_kernel_sphere(a.numpy(), b.numpy(), 0.5, name)), value)
+    mat = 800 * torch.randn(5, 9, generator=gen, dtype=torch.float64)  # exp would overflow unfactored
+    for axis in (0, 1):
+        torch.testing.assert_close(torch.as_tensor(references.log_sum_exp(mat.numpy(), axis=axis)), mat.logsumexp(axis))
+    differences = (a[:, None] - b[None]).permute(2, 0, 1)
+    torch.testing.assert_close(torch.as_tensor(references.differences(a.numpy(), b.numpy())), differences)
+    torch.testing.assert_close(torch.as_tensor(references.squared_distances(a.numpy(), b.numpy())), chord)
