@@ -212,6 +212,7 @@ class _Run:
     max_evaluations: float | None
     callback: Callable | None
     history: History = field(default_factory=History)
+    objective: object = field(default_factory=object)  # this call's objectives: another train() on the optimizer reuses nothing
 
     def loop(self, batches: Iterator, bar, task) -> None:
         optimizer, history = self.optimizer, self.history
@@ -225,7 +226,7 @@ class _Run:
                 break  # a one-shot iterator ran out
             if step == 0:
                 _check_dtype(self.model, batch[0])
-            if not self.step(batch, 0 if self.stationary else step, left):
+            if not self.step(batch, (self.objective, 0 if self.stationary else step), left):
                 break  # the budget left cannot pay for one probe pair
             with torch.no_grad():
                 loss = float(self.loss_fn(self.model(batch[0]), batch[1]))  # monitoring only: not charged

@@ -79,6 +79,31 @@ def test_batchnorm_statistics_follow_one_forward_per_step_with_the_accepted_para
         torch.testing.assert_close(model.state_dict()[name], value, msg=name)
 
 
+def test_train_calls_on_one_optimizer_never_share_an_objective():
+    """A loop calling train() once per batch: each call's batch is a new objective, so the incumbent is scored
+    again on it (as opt.step with a new objective_token), never compared with a loss from another batch."""
+    from polytope import flat_closure
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 4)
+    y = torch.tanh(x @ torch.randn(4)) + torch.cat([torch.zeros(32), torch.full((32,), 10.0)])
+    batches = [(x[:32], y[:32]), (x[32:], y[32:])] * 2
+    spent = {}
+    for route in ("train", "tokens"):
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        loss_fn = lambda out, t: nn.functional.mse_loss(out.squeeze(-1), t)  # noqa: E731
+        opt, spent[route] = PolytopeOptimizer(model.parameters(), seed=0), []
+        for token, batch in enumerate(batches):
+            before = opt.evaluations
+            if route == "train":
+                train(model, loss_fn, batch, optimizer=opt, steps=1, progress=False, use_evaluator=False)
+            else:
+                opt.step(flat_closure(model, loss_fn, *batch), objective_token=token)
+            spent[route].append(opt.evaluations - before)
+    assert spent["train"] == spent["tokens"] and spent["train"][1] > spent["train"][0]
+
+
 def test_train_same_seed_same_result_and_iterable_batches():
     results = []
     for _ in range(2):
