@@ -288,7 +288,8 @@ def train(
     steps, max_evaluations, seed, batch_size = _check_arguments(model, loss_fn, steps, max_evaluations, seed, batch_size,
                                                                 progress, use_evaluator, callback)
     shards = distributed.ranks(group)
-    batches, stationary = _batches(data, batch_size, torch.Generator().manual_seed(0 if seed is None else seed))
+    shuffle_seed = int(torch.randint(0, 2**62, (1,)).item()) if seed is None else seed  # None follows torch.manual_seed
+    batches, stationary = _batches(data, batch_size, torch.Generator().manual_seed(shuffle_seed))
     optimizer = _optimizer_for(model, optimizer, optimizer_options, seed, max_evaluations)
     options = dataclasses.asdict(optimizer.evaluator_options)
     evaluator = NNCostEvaluator(model, loss_fn, group=group, **options) if use_evaluator else None

@@ -104,6 +104,25 @@ def test_train_calls_on_one_optimizer_never_share_an_objective():
     assert spent["train"] == spent["tokens"] and spent["train"][1] > spent["train"][0]
 
 
+def test_minibatch_order_follows_the_seed_and_without_one_torch_manual_seed():
+    x, y = torch.arange(40.0).reshape(20, 2), torch.arange(20.0)
+
+    def batches_seen(seed, global_seed):
+        seen = []
+
+        def loss_fn(out, t):
+            if not seen or seen[-1] != t.tolist():
+                seen.append(t.tolist())
+            return nn.functional.mse_loss(out.squeeze(-1), t)
+
+        torch.manual_seed(global_seed)
+        train(nn.Linear(2, 1), loss_fn, (x, y), steps=3, seed=seed, batch_size=4, progress=False, use_evaluator=False)
+        return seen
+
+    assert batches_seen(None, 5) == batches_seen(None, 5) != batches_seen(None, 6)
+    assert batches_seen(7, 5) == batches_seen(7, 6)
+
+
 def test_train_same_seed_same_result_and_iterable_batches():
     results = []
     for _ in range(2):
