@@ -160,6 +160,28 @@ def check_points(X, name: str = "X", *, estimator=None, n_features: int | None =
     return X, numpy_in
 
 
+def feature_names(X) -> np.ndarray | None:
+    """A DataFrame's column names when they are all strings (scikit-learn's rule for ``feature_names_in_``), else None."""
+    columns = getattr(X, "columns", None)
+    if columns is None or isinstance(X, torch.Tensor):
+        return None
+    names = np.asarray(list(columns), dtype=object)
+    return names if len(names) and all(isinstance(name, str) for name in names) else None
+
+
+def _names_mismatch(fitted: list, names: list) -> str:
+    """scikit-learn's wording, so that code matching its error matches ours: which names are new, which are
+    missing (five of each at most), or else that the order changed."""
+    def listed(title, items):
+        return f"{title}:\n" + "".join(f"- {name}\n" for name in items[:5]) + ("- ...\n" if len(items) > 5 else "")
+
+    unseen, missing = sorted(set(names) - set(fitted)), sorted(set(fitted) - set(names))
+    detail = (listed("Feature names unseen at fit time", unseen) if unseen else "") + (
+        listed("Feature names seen at fit time, yet now missing", missing) if missing else "")
+    return ("The feature names should match those that were passed during fit.\n"
+            + (detail or "Feature names must be in the same order as they were in fit.\n"))
+
+
 def _check_finite(t: torch.Tensor, name: str) -> None:
     values = t.detach()
     if bool(torch.isnan(values).any()):
@@ -390,9 +412,29 @@ class Estimator(_Base):
 
     def _fit_points(self, X) -> torch.Tensor:
         """Training points, checked; records ``n_features_in_`` and whether outputs are NumPy."""
-        X, self._numpy = check_points(X, "X")
+        X, self._numpy, names = *check_points(X, "X"), feature_names(X)
         self.n_features_in_ = X.shape[1]
+        self._remember_feature_names(names)
         return X
+
+    def _remember_feature_names(self, names: np.ndarray | None) -> None:
+        if names is None:
+            self.__dict__.pop("feature_names_in_", None)
+        else:
+            self.feature_names_in_ = names
+
+    def _check_feature_names(self, X) -> None:
+        """Query columns in the fit's names and order, as scikit-learn: a DataFrame's columns reordered would
+        otherwise give other predictions silently."""
+        fitted, names = getattr(self, "feature_names_in_", None), feature_names(X)
+        if fitted is not None and names is not None:
+            if len(fitted) != len(names) or bool((fitted != names).any()):
+                raise ValueError(_names_mismatch(list(fitted), list(names)))
+        elif fitted is not None or names is not None:
+            warnings.warn(f"X does not have valid feature names, but {type(self).__name__} was fitted with feature names"
+                          if names is None else
+                          f"X has feature names, but {type(self).__name__} was fitted without feature names",
+                          UserWarning, stacklevel=caller_level())
 
     def _fit_rows(self, X, derive=lambda X: (), *tensors) -> tuple:
         """``(X, *derive(X))``: checked training points and what ``derive`` checks against them (targets, labels).
@@ -407,6 +449,7 @@ class Estimator(_Base):
             X = self._fit_points(X)
             return (X, *derive(X))
         self._sharding = distributed.active() or distributed.Sharding()
+        X_in = X
 
         def check():
             X_, self._numpy = check_points(X, "X", allow_empty=True)
@@ -425,6 +468,7 @@ class Estimator(_Base):
         if sum(int(layout[0]) for layout in layouts) == 0:
             raise ValueError("sharded fit: no rank holds a training point")
         self.n_features_in_ = X.shape[1]
+        self._remember_feature_names(feature_names(X_in))
         return rows
 
     def _agreed(self, check):
@@ -447,6 +491,7 @@ class Estimator(_Base):
         return self._sharding.all_reduce(mine), numpy_out
 
     def _query_points(self, X, fitted: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        self._check_feature_names(X)
         return check_points(X, "X", estimator=self, n_features=self.n_features_in_, dtype=fitted.dtype)
 
     def _publish(self, **attrs) -> None:

@@ -46,3 +46,13 @@ EXPECTED_FAILURES = {"KernelSVD": dict.fromkeys([
 @parametrize_with_checks(ESTIMATORS, expected_failed_checks=lambda est: EXPECTED_FAILURES.get(type(est).__name__, {}))
 def test_scikit_learn_estimator_checks(estimator, check):
     check(estimator)
+
+
+@pytest.mark.parametrize("estimator", [e for e in ESTIMATORS if not isinstance(e, KernelSVD)], ids=repr)
+def test_dataframe_columns_are_checked_by_name(estimator):
+    """Fitted on a DataFrame, queries must bring the same columns in the same order (scikit-learn's own check:
+    reordered columns raised nothing and predicted other values)."""
+    pytest.importorskip("pandas")
+    from sklearn.utils.estimator_checks import check_dataframe_column_names_consistency
+
+    check_dataframe_column_names_consistency(type(estimator).__name__, estimator)
