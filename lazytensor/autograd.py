@@ -88,8 +88,12 @@ class Streamed(torch.autograd.Function):
         spec, *tensors = inputs
         ctx.spec = spec
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*tensors, *output)
-        ctx.save_for_forward(*tensors, *output)
+        # torch refuses to save inference-mode tensors (made under torch.inference_mode, then used with grad);
+        # they cannot change outside that mode, so holding them on ctx is as safe as saving them
+        ctx.inference = [t if t.is_inference() else None for t in tensors]
+        saveable = [None if t.is_inference() else t for t in tensors]
+        ctx.save_for_backward(*saveable, *output)
+        ctx.save_for_forward(*saveable, *output)
         flags = [f for r in spec.reductions for f in r.differentiable]
         ctx.mark_non_differentiable(*[o for o, f in zip(output, flags) if not f])
 
@@ -97,7 +101,8 @@ class Streamed(torch.autograd.Function):
     def _saved(ctx):
         spec, saved = ctx.spec, ctx.saved_tensors
         count = len(spec.order)
-        return spec, spec.problem(saved[:count]), spec.split(saved[count:])
+        inputs = [kept if kept is not None else t for t, kept in zip(saved[:count], ctx.inference)]
+        return spec, spec.problem(inputs), spec.split(saved[count:])
 
     @staticmethod
     def backward(ctx, *grads):

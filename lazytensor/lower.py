@@ -368,6 +368,8 @@ def squares_by_feature(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     for a_k, b_k in zip(a.unbind(-1), b.unbind(-1)):  # views by method calls: indexing costs ~3 us a view
         d = a_k.unsqueeze(2) + b_k.unsqueeze(1)
         total = d.mul_(d) if total is None else total.addcmul_(d, d)
+    if total is None:  # D = 0: an empty sum
+        return a.new_zeros(a.shape[0], a.shape[1], b.shape[1], 1)
     return total.unsqueeze(-1)
 
 

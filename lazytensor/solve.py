@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .lazy_tensor import LazyTensor
-from .variables import Variable
+from .variables import Variable, tensor_of_array
 
 SOLVE_OPTIONS = ("rtol", "atol", "maxiter", "backend", "chunk_size", "ranges")
 
@@ -59,7 +59,7 @@ def kernel_solve(K: LazyTensor, b, alpha=1e-10, **options):
         raise ValueError(f"solve needs a square kernel matrix, got {n} x {m}")
     b = _dense_rhs(b)
     as_numpy = isinstance(b, np.ndarray) or K._numpy
-    b_t = torch.from_numpy(b) if isinstance(b, np.ndarray) else b
+    b_t = tensor_of_array(b) if isinstance(b, np.ndarray) else b
     if not isinstance(b_t, torch.Tensor) or b_t.dim() not in (1, 2) or b_t.shape[0] != n:
         raise ValueError(f"solve: b must be ({n},) or ({n}, C), got {getattr(b, 'shape', type(b).__name__)}")
     dtype = next((v.tensor.dtype for v in K.variables.values() if not v.follows_dtype), b_t.dtype)

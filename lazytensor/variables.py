@@ -57,13 +57,18 @@ def wrap(x, axis) -> tuple[sympy.Expr, dict, int]:
         x, axis = torch.tensor([float(v) for v in x]), "p"
     from_numpy = isinstance(x, np.ndarray)
     if from_numpy:
-        x = torch.from_numpy(x)
+        x = tensor_of_array(x)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"LazyTensor expects a torch.Tensor, a NumPy array, a number or a LazyTensor, got {type(x).__name__}")
     x, axis = keops_layout(x) if axis is None else (x, axis_name(axis))
     tensor = normalized(x, axis)
     symbol = ir.position_symbol(0)
     return symbol, {symbol: Variable(axis, tensor, follows_dtype, from_numpy)}, tensor.shape[-1]
+
+
+def tensor_of_array(x: np.ndarray) -> torch.Tensor:
+    """The array as a tensor sharing its memory, or a copy where torch cannot view it (negative strides: ``x[::-1]``)."""
+    return torch.from_numpy(x if all(stride >= 0 for stride in x.strides) else np.ascontiguousarray(x))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from ... import cluster as _torch_cluster
+from ...variables import tensor_of_array
 
 
 def _numpy(fn):
@@ -15,7 +16,7 @@ def _numpy(fn):
         def to_torch(a):
             if isinstance(a, (tuple, list)):
                 return type(a)(to_torch(t) for t in a)
-            return torch.from_numpy(np.asarray(a)) if isinstance(a, np.ndarray) else a
+            return tensor_of_array(a) if isinstance(a, np.ndarray) else a
 
         def to_numpy(r):
             if isinstance(r, (tuple, list)):
