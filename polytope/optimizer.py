@@ -419,6 +419,18 @@ class PolytopeOptimizer(torch.optim.Optimizer):
     def _layout(self) -> dict[str, Any]:
         return {"blocks": [int(b.numel()) for b in self.blocks], "dims": list(self.dims), "polytope": self.config.polytope}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """All of it, not torch.optim's defaults, state and groups alone: a copy (``copy.deepcopy``, pickle,
+        ``torch.save`` of the optimizer) steps on as the original would."""
+        return dict(self.__dict__)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Only while constructing: the polytope's blocks, bases and incumbent are built from the groups then."""
+        if "_params" not in self.__dict__:
+            return super().add_param_group(param_group)
+        raise NotImplementedError("PolytopeOptimizer fixes its parameters at construction (its blocks and incumbent are "
+                                  "built from them): build a new optimizer with every group instead of add_param_group")
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue bit-for-bit: incumbent, bases, momentum, controllers, RNG, group settings."""
         state = {

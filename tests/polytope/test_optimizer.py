@@ -474,3 +474,31 @@ def test_defaults_solve_a_conditioned_quadratic_at_a_small_budget():
     while opt.step(f, objective_token=0) is not None or not opt.last_info.get("exhausted"):
         pass
     assert opt.evaluations <= 2000 and float(f(p[0].detach()[None])) < 1e-3 * start
+
+
+def test_a_copied_optimizer_steps_on_as_the_original():
+    """torch.optim's pickling keeps defaults, state and groups only: a deepcopy / pickle / torch.save copy of a
+    PolytopeOptimizer lost its incumbent and configuration, and its step() raised AttributeError."""
+    import copy
+    import io
+    import pickle
+
+    f = quadratic()
+    x = torch.nn.Parameter(torch.ones(12, dtype=torch.float64))
+    opt = PolytopeOptimizer([x], seed=0)
+    opt.step(lambda c: f(c))
+
+    def saved(obj):
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        return torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
+
+    copies = [copy.deepcopy((x, opt)), pickle.loads(pickle.dumps((x, opt))), saved((x, opt))]
+    for _ in range(3):
+        opt.step(lambda c: f(c))
+    for x_copy, opt_copy in copies:
+        for _ in range(3):
+            opt_copy.step(lambda c: f(c))
+        assert torch.equal(x_copy, x) and opt_copy.evaluations == opt.evaluations
+    with pytest.raises(NotImplementedError, match="add_param_group"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
