@@ -135,6 +135,8 @@ def _deliver(outs: tuple, out, as_numpy: bool) -> tuple:
             if result.requires_grad and torch.is_grad_enabled():
                 raise ValueError("out= does not support automatic differentiation (as torch's out= arguments); "
                                  "drop out= or run under torch.no_grad()")
+            if not torch.can_cast(result.dtype, target.dtype):  # torch's out= rule: float results never land in ints
+                raise TypeError(f"out: result type {result.dtype} can't be cast to the desired output type {target.dtype}")
             target.copy_(result)
         else:
             np.copyto(target, result)

@@ -166,6 +166,8 @@ def test_out_writes_in_place_of_keops_test_inplace():
         K.sum(1, out=torch.empty(3))
     with pytest.raises(ValueError, match="automatic differentiation"):
         (K * lt.Vi(torch.rand(20, 1, requires_grad=True))).sum(1, out=torch.empty(20, 1))
+    with pytest.raises(TypeError, match="can't be cast"):  # torch's rule: a float result never lands in integers
+        K.sum(1, out=torch.empty(20, 1, dtype=torch.int64))
 
 
 def test_keops_constructor_conventions():
