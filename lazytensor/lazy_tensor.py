@@ -73,6 +73,9 @@ class LazyTensor:
     __array_ufunc__ = None  # and `ndarray * lazy` too
     ranges = None  # KeOps's block-sparsity attribute: ``K.ranges = from_matrix(...)`` applies to K's reductions
 
+    # Inside a caller's torch.compile, Dynamo would trace sympy and the tile engine (17 s at the first call, then
+    # 2 ms a call at 40 x 50, with two dozen warnings); as opaque calls (graph breaks) 2.2 s, then 0.66 ms.
+    @torch.compiler.disable
     def __init__(self, x, axis=None):
         if isinstance(x, LazyTensor):
             self.expr, self.variables, self.width, self.ranges = x.expr, x.variables, x.width, x.ranges
@@ -81,6 +84,7 @@ class LazyTensor:
 
     # -- construction -------------------------------------------------------
     @classmethod
+    @torch.compiler.disable
     def _build(cls, make, *parents: "LazyTensor", width: int | None = None) -> "LazyTensor":
         """The formula ``make(*expressions)`` of the parents, their variables merged (``variables.aligned``).
 

@@ -52,6 +52,7 @@ def check_options(options: dict) -> None:
         raise ValueError(f"sum_scheme must be one of {list(SUM_SCHEMES)}, got {options['sum_scheme']!r}")
 
 
+@torch.compiler.disable  # opaque to a caller's torch.compile (see LazyTensor.__init__)
 def run(source, requests: list, axis: str, options: dict) -> list:
     """Each ``(name, argument)`` of ``requests`` reduced over ``axis`` in one pass over ``source``'s tiles.
 

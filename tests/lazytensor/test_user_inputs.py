@@ -46,3 +46,24 @@ def test_inference_mode_tensors_are_inputs_of_a_differentiated_reduction():
     lazy = ((-lt.Vi(x).sqdist(lt.Vj(y))).exp() @ b).pow(2).sum()
     dense = (torch.exp(-((x[:, None] - y[None]) ** 2).sum(-1)) @ b).pow(2).sum()
     torch.testing.assert_close(torch.autograd.grad(lazy, b)[0], torch.autograd.grad(dense, b)[0])
+
+
+def test_a_callers_torch_compile_calls_lazytensor_as_opaque_steps():
+    """torch.compile of a user's function: Dynamo used to trace sympy and the tile engine (17 s, two dozen
+    warnings); formulas and reductions are graph breaks now, and the value and gradient are dense torch's."""
+    import warnings
+
+    torch._dynamo.reset()
+    x, y = torch.randn(40, 3, dtype=torch.float64), torch.randn(50, 3, dtype=torch.float64)
+    b = torch.randn(50, 2, dtype=torch.float64, requires_grad=True)
+
+    def user(x, y, b):
+        return (((-0.5 * lt.Vi(x).sqdist(lt.Vj(y))).exp() @ b) * 2).sum()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = torch.compile(user)(x, y, b)
+    dense = ((torch.exp(-0.5 * ((x[:, None] - y[None]) ** 2).sum(-1)) @ b) * 2).sum()
+    torch.testing.assert_close(value, dense)
+    torch.testing.assert_close(torch.autograd.grad(value, b)[0], torch.autograd.grad(dense, b)[0])
+    assert not [w for w in caught if "Dynamo" in str(w.message)], [str(w.message)[:80] for w in caught]
