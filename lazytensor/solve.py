@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .lazy_tensor import LazyTensor
-from .variables import Variable, tensor_of_array
+from .variables import Variable, require_data, tensor_of_array
 
 SOLVE_OPTIONS = ("rtol", "atol", "maxiter", "backend", "chunk_size", "ranges")
 
@@ -52,6 +52,7 @@ def kernel_solve(K: LazyTensor, b, alpha=1e-10, **options):
         raise TypeError(f"solve: unexpected option(s) {unknown}; known: {list(SOLVE_OPTIONS)}")
     if K.width != 1:
         raise ValueError(f"solve needs a formula of feature size 1 (a kernel matrix), got {K.width}")
+    require_data(K.variables)
     if K.nbatchdims:
         raise ValueError("solve does not support batch dimensions")
     n, m = K.shape[:2]

@@ -38,6 +38,23 @@ class Variable:
     def batch_shape(self) -> torch.Size:
         return self.tensor.shape[:-1] if self.axis == "p" else self.tensor.shape[:-2]
 
+    def with_axis(self, axis: str) -> "Variable":
+        return Variable(axis, self.tensor, self.follows_dtype, self.numpy)
+
+
+class Placeholder(Variable):
+    """KeOps's symbolic variable (``Vi(index, dim)``): a feature size and no data until a reduction is called with
+    its tensor as argument ``index`` (``lazytensor.keops``). It follows the other variables' dtype meanwhile."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, axis: str, index: int, dim: int):
+        super().__init__(axis, torch.zeros(dim if axis == "p" else (1, dim)), follows_dtype=True)
+        self.index = index
+
+    def with_axis(self, axis: str) -> "Placeholder":
+        return Placeholder(axis, self.index, self.tensor.shape[-1])
+
 
 def wrap(x, axis) -> tuple[sympy.Expr, dict, int]:
     """What ``LazyTensor(x, axis)`` holds: its expression, its variables and its feature size.
@@ -115,7 +132,7 @@ def _renamed(expr: sympy.Expr, rename: tuple) -> sympy.Expr:
 
 def transposed(variables: dict) -> dict:
     """The variables with i and j exchanged (new ``Variable`` objects: x_i and its transpose x_j differ)."""
-    return {s: v if v.axis == "p" else Variable(ir.FLIPPED[v.axis], v.tensor, v.follows_dtype, v.numpy)
+    return {s: v if v.axis == "p" else v.with_axis(ir.FLIPPED[v.axis])
             for s, v in variables.items()}
 
 
@@ -200,6 +217,7 @@ def problem(variables: dict, axis: str) -> tuple[Problem, tuple]:
 
 def _layout(variables: dict, axis: str) -> tuple:
     """(info, order, batch shape, the missing axis's symbol or None) of a problem over ``variables``, after ``check``."""
+    require_data(variables)  # (placeholders follow the dtype, so a problem with them is never served from _LAYOUTS)
     check(variables)
     known = info(variables)
     other = "i" if axis == "j" else "j"
@@ -215,6 +233,14 @@ def _layout(variables: dict, axis: str) -> tuple:
     if axis == "i":
         known = {s: ir.VarInfo(ir.FLIPPED[v.axis], v.dim) for s, v in known.items()}
     return known, kernel_order(known, known), batch, missing
+
+
+def require_data(variables: dict) -> None:
+    """Placeholders have no data: a reduction of their formula must be called with it (``lazytensor.keops``)."""
+    waiting = sorted(v.index for v in variables.values() if isinstance(v, Placeholder))
+    if waiting:
+        raise ValueError(f"the formula has placeholder variables (indices {waiting}) without data: call the reduction's "
+                         "result with their tensors (a KeOps reduction of such a formula returns a function)")
 
 
 def _flatten_batch(v: Variable, batch: tuple, flat: int) -> torch.Tensor:

@@ -18,9 +18,12 @@ Operations build the same IR and run on the same engine: nothing is re-implement
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 
+from .. import ir, variables
 from ..lazy_tensor import LazyTensor as CoreLazyTensor
 
 # KeOps's map-reduce schemes: how KeOps schedules its loop, not what it computes. Ours picks its own.
@@ -45,9 +48,8 @@ def options(kwargs: dict, reduction: str, dtype) -> dict:
         elif name in PASSED:
             if value is not None:
                 out[name] = value
-        elif name == "call":
-            if value is not True:
-                raise ValueError("call=False (a LazyTensor waiting for its variables) is not supported: reduce with call=True")
+        elif name == "call":  # taken by LazyTensor._run / solve, before the options are read
+            continue
         elif name in ("dtype_acc", "use_double_acc"):
             acc = (torch.float64 if value else None) if name == "use_double_acc" else (None if value in (None, "auto") else value)
             if acc is None:
@@ -78,11 +80,16 @@ class LazyTensor(CoreLazyTensor):
     """pykeops's ``LazyTensor``: KeOps's axes and defaults on lazytensor's engine (see the module docstring)."""
 
     def __init__(self, x=None, axis=None, is_complex=False):
-        if isinstance(x, tuple):
-            raise TypeError("symbolic KeOps variables (an (index, dim, category) tuple) are not supported: wrap tensors, "
-                            "or use Genred with alias strings")
         if is_complex:
             raise TypeError("complex KeOps LazyTensors are not supported")
+        if isinstance(x, tuple):  # KeOps's symbolic variable: (index, dim, category 0 / 1 / 2 for i / j / parameter)
+            if len(x) != 3:
+                raise ValueError(f"a symbolic variable is an (index, dim, category) tuple, got {x!r}")
+            index, dim, category = x
+            self.expr, self.width, self.ranges = ir.position_symbol(0), _count(dim, "dim", 1), None
+            self.variables = {self.expr: variables.Placeholder(variables.axis_name(category), _count(index, "index", 0),
+                                                               self.width)}
+            return
         super().__init__(x, axis)
 
     # -- KeOps's shape bookkeeping
@@ -120,6 +127,12 @@ class LazyTensor(CoreLazyTensor):
 
     def _run(self, name, axis, dim, default, kwargs, *args, **named):
         where = self._keops_axis(axis, dim, default)
+        if where != -1 and _waits(kwargs, self, *args, *named.values()):
+            return Waiting(lambda *operands, **later: LazyTensor._run(operands[0], name, axis, dim, default, {**kwargs, **later},
+                                                                      *operands[1:len(args) + 1],
+                                                                      **dict(zip(named, operands[len(args) + 1:]))),
+                           self, *args, *named.values())
+        kwargs.pop("call", None)
         core_method = getattr(CoreLazyTensor, name)
         if where == -1:
             if kwargs.get("keepdim"):
@@ -218,16 +231,75 @@ class LazyTensor(CoreLazyTensor):
         """
         if var is not None:
             raise ValueError("solve(var=...) (a formula linear in var) is not supported: write K and call K.solve(Vi(b))")
+        if _waits({"call": call}, self, other):
+            return Waiting(lambda K, b, **later: LazyTensor.solve(K, b, eps=eps, **{**kwargs, **later}), self, other)
         alpha = kwargs.pop("alpha", 1e-10)
         solve_options = {k: kwargs.pop(k) for k in ("rtol", "atol", "maxiter") if k in kwargs}
         keops_rule = eps is not None or self.dtype != torch.float64
         if keops_rule and "rtol" not in solve_options and "atol" not in solve_options:  # per column: ||r_c||^2 < n eps^2
             solve_options.update(rtol=0.0, atol=(1e-6 if eps is None else float(eps)) * self._size("i") ** 0.5)
-        return CoreLazyTensor.solve(self, other, alpha, **solve_options, **options({"call": call, **kwargs}, "solve", self.dtype))
+        return CoreLazyTensor.solve(self, other, alpha, **solve_options, **options(kwargs, "solve", self.dtype))
+
+
+class Waiting:
+    """A reduction to run when called: KeOps's ``call=False``, and every reduction of a formula with symbolic
+    variables (``Vi(index, dim)``), whose tensors the call takes in index order. Without placeholders it reads
+    the formula's tensors as they are at the call (KeOps's in-place loop idiom); keyword options given to the
+    call join the reduction's."""
+
+    def __init__(self, reduce, *operands):
+        self.reduce, self.operands = reduce, operands
+        self.indices = sorted({v.index for o in operands if _symbolic(o) for v in o.variables.values()
+                               if isinstance(v, variables.Placeholder)})
+        if self.indices != list(range(len(self.indices))):
+            raise ValueError(f"symbolic variables must be numbered 0, 1, ... without gaps, got indices {self.indices}")
+
+    def __repr__(self):
+        return f"Waiting(a reduction of {self.operands[0]!r}; call it with {len(self.indices)} tensor(s))"
+
+    def __call__(self, *tensors, **options):
+        if len(tensors) != len(self.indices):
+            raise TypeError(f"this reduction takes {len(self.indices)} tensor(s), one per symbolic variable in index order, "
+                            f"got {len(tensors)}")
+        return self.reduce(*(_bound(o, tensors) for o in self.operands), **options)
+
+
+def _waits(kwargs: dict, *operands) -> bool:
+    """Whether a reduction returns a ``Waiting``: ``call=False``, or an operand with symbolic variables."""
+    call = kwargs.pop("call", True)
+    if not isinstance(call, bool):
+        raise TypeError(f"call must be True or False, got {call!r}")
+    return not call or any(_symbolic(o) for o in operands)
+
+
+def _symbolic(operand) -> bool:
+    return isinstance(operand, CoreLazyTensor) and any(isinstance(v, variables.Placeholder) for v in operand.variables.values())
+
+
+def _bound(operand, tensors: tuple):
+    """``operand`` with each symbolic variable replaced by its tensor (checked against its feature size)."""
+    if not _symbolic(operand):
+        return operand
+    out, bound = copy.copy(operand), {}
+    for s, v in operand.variables.items():
+        if isinstance(v, variables.Placeholder):
+            _, wrapped, width = variables.wrap(tensors[v.index], v.axis)
+            if width != v.tensor.shape[-1]:
+                raise ValueError(f"argument {v.index} has {width} features; its symbolic variable has {v.tensor.shape[-1]}")
+            v = next(iter(wrapped.values()))
+        bound[s] = v
+    out.variables = bound
+    return out
+
+
+def _count(value, name: str, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise ValueError(f"a symbolic variable's {name} must be an int >= {least}, got {value!r}")
+    return int(value)
 
 
 def Vi(x, dim=None):
-    """An i-indexed variable: (N, D) or (*batch, N, D)."""
+    """An i-indexed variable: (N, D) or (*batch, N, D); ``Vi(index, dim)``: a symbolic one (see ``Waiting``)."""
     return _variable(x, dim, "i")
 
 
@@ -245,7 +317,9 @@ def Pm(x, dim=None):
 
 def _variable(x, dim, axis) -> LazyTensor:
     if dim is not None or isinstance(x, int) and not isinstance(x, bool):
-        raise TypeError(f"V{axis}(index, dim) placeholders are not supported: wrap a tensor, or use Genred with alias strings")
+        if dim is None:
+            raise TypeError(f"V{axis}(index, dim): a symbolic variable needs its feature size dim")
+        return LazyTensor((x, dim, axis))
     if not isinstance(x, (torch.Tensor, np.ndarray)):
         raise TypeError(f"expected a torch.Tensor or a NumPy array, got {type(x).__name__}")
     return LazyTensor(x, axis)

@@ -90,8 +90,7 @@ def test_keops_options_are_translated():
     with pytest.raises(ValueError, match="honoured by sums only"):
         K.logsumexp(1, dtype_acc="float64")
     K.logsumexp(1, dtype_acc="float32")  # the formula's own dtype changes nothing
-    with pytest.raises(ValueError, match="call=False"):
-        K.sum(1, call=False)
+    torch.testing.assert_close(K.sum(1, call=False)(), K.sum(1))  # KeOps's call=False: a function of nothing
     with pytest.raises(ValueError, match="backend"):
         K.sum(1, backend="TPU")
     with pytest.raises(TypeError, match="nonsense"):
@@ -238,3 +237,49 @@ def test_environment_variable_installs_at_import():
     bad = subprocess.run([sys.executable, "-c", "import lazytensor"], env={**env, "TP_KEOPS": "maybe"}, capture_output=True,
                          text=True, timeout=300)
     assert bad.returncode != 0 and "TP_KEOPS" in bad.stderr
+
+
+# -- KeOps's symbolic variables and call=False (its tutorial plot_lazytensors_c) ---------------------------------
+def test_symbolic_variables_make_a_reduction_called_with_their_tensors():
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(30, 3, generator=gen, dtype=torch.float64), torch.randn(40, 3, generator=gen, dtype=torch.float64)
+    b, e = torch.randn(40, 4, generator=gen, dtype=torch.float64), torch.randn(30, 1, generator=gen, dtype=torch.float64)
+    sigmas = torch.tensor([0.5, 1.0, 2.0, 4.0], dtype=torch.float64)
+    sq = ((x[:, None] - y[None]) ** 2).sum(-1)
+    dense = sum(torch.exp(-sq / s**2) for s in sigmas) @ b
+    xs, ys, bs, S = kt.Vi(0, 3), kt.Vj(1, 3), kt.Vj(2, 4), kt.Pm(3, 4)
+    gamma = (kt.LazyTensor.exp(-kt.LazyTensor.sum((xs - ys) ** 2) / S**2).sum() * bs).sum_reduction(axis=1)
+    torch.testing.assert_close(gamma(x, y, b, sigmas), dense, **F64)
+    assert gamma(x.float(), y.float(), b.float(), sigmas.float()).dtype == torch.float32  # the dtype of the call's tensors
+    mixed = (kt.LazyTensor.exp(-kt.LazyTensor.sum((kt.Vi(x) - kt.Vj(0, 3)) ** 2) / sigmas**2).sum() * kt.Vj(b)).sum(axis=1)
+    torch.testing.assert_close(mixed(y), dense, **F64)  # the bound tensors stay; the call brings the symbolic one
+    tupled = kt.LazyTensor((0, 3, 0)).sqdist(kt.LazyTensor((1, 3, 1))).argKmin(3, dim=1)  # KeOps's (index, dim, category)
+    assert torch.equal(tupled(x, y), sq.topk(3, 1, largest=False).indices)
+    numpy_sum = (-((knp.Vi(0, 3) - knp.Vj(1, 3)) ** 2).sum()).exp().sum(axis=1)
+    np.testing.assert_allclose(numpy_sum(x.numpy(), y.numpy()), torch.exp(-sq).sum(1, keepdim=True).numpy(), rtol=1e-12)
+    K = (-((kt.Vi(0, 3) - kt.Vj(1, 3)) ** 2).sum()).exp()
+    solved = K.solve(kt.Vi(2, 1), alpha=0.1)(x, x, e)
+    gram = torch.exp(-((x[:, None] - x[None]) ** 2).sum(-1)) + 0.1 * torch.eye(30, dtype=torch.float64)
+    torch.testing.assert_close(solved, torch.linalg.solve(gram, e), rtol=1e-8, atol=1e-8)
+    xg = x.clone().requires_grad_()
+    kernels = sum(torch.exp(-((xg[:, None] - y[None]) ** 2).sum(-1) / s**2) for s in sigmas)
+    (expected,) = torch.autograd.grad((kernels @ b).sum(), xg)
+    torch.testing.assert_close(torch.autograd.grad(gamma(xg, y, b, sigmas).sum(), xg)[0], expected, **F64)
+    with pytest.raises(TypeError, match="takes 4 tensor"):
+        gamma(x, y, b)
+    with pytest.raises(ValueError, match="argument 2 has 2 features"):
+        gamma(x, y, b[:, :2], sigmas)
+    with pytest.raises(ValueError, match="without gaps"):
+        ((kt.Vi(0, 3) - kt.Vj(2, 3)) ** 2).sum().sum(axis=1)
+    with pytest.raises(ValueError, match="placeholder variables"):  # a core reduction never runs on placeholders' zeros
+        lt.LazyTensor.sum(K, "j")
+
+
+def test_call_false_reads_the_tensors_at_each_call():
+    x, b = torch.randn(20, 3, dtype=torch.float64), torch.randn(20, 2, dtype=torch.float64)
+    waiting = ((-(kt.Vi(x) - kt.Vj(x)).square().sum()).exp() * kt.Vj(b)).sum_reduction(axis=1, call=False)
+    first = waiting()
+    b.mul_(3)  # KeOps's loop idiom: update the tensors in place, call again
+    torch.testing.assert_close(waiting(), 3 * first, **F64)
+    with pytest.raises(TypeError, match="call must be True or False"):
+        kt.Vi(x).sum(axis=1, call="no")
