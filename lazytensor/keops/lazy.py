@@ -128,10 +128,13 @@ class LazyTensor(CoreLazyTensor):
     def _run(self, name, axis, dim, default, kwargs, *args, **named):
         where = self._keops_axis(axis, dim, default)
         if where != -1 and _waits(kwargs, self, *args, *named.values()):
-            return Waiting(lambda *operands, **later: LazyTensor._run(operands[0], name, axis, dim, default, {**kwargs, **later},
-                                                                      *operands[1:len(args) + 1],
-                                                                      **dict(zip(named, operands[len(args) + 1:]))),
-                           self, *args, *named.values())
+            names = list(named)
+
+            def later(formula, *operands, **call_options):  # the operands bound: self, args, then named's values
+                given, weights = operands[:len(args)], dict(zip(names, operands[len(args):]))
+                return formula._run(name, axis, dim, default, {**kwargs, **call_options}, *given, **weights)
+
+            return Waiting(later, self, *args, *named.values())
         kwargs.pop("call", None)
         core_method = getattr(CoreLazyTensor, name)
         if where == -1:
