@@ -358,7 +358,7 @@ class Backward(_Collector):
         axis = self.problem.info[sym].axis
         batch, n = index.shape[:2]
         if axis == "i":
-            return contribution.reshape(contribution.shape[0], n, selections, -1).sum(2)
+            return contribution.reshape(contribution.shape[0], n, selections, contribution.shape[-1]).sum(2)  # n may be 0
         if axis == "j":
             like = self.problem.tensors[sym]
             target = contribution.new_zeros(contribution.shape[0], like.shape[1], contribution.shape[-1])
@@ -409,7 +409,7 @@ class Forward(_Collector):
             if expr != 0 and full.size("j") > 0:
                 pairs, selections = _pairs(full, index)
                 ((values,),) = reduce(pairs, [Sum(expr, pairs.info)], **{**self.options, **_PAIRS})
-                values = values.reshape(values.shape[0], index.shape[1], selections, -1)
+                values = values.reshape(values.shape[0], index.shape[1], selections, values.shape[-1])
             if mine is not None:  # sharded: each rank evaluates the pairs in its shard
                 values = self.sharding.all_reduce(values * mine.unsqueeze(-1))
             results[("selection", k)] = values
