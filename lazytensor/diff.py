@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sympy
 
-from .ir import LOGICAL, FSum, Gather, VarInfo, VectorOp, ZeroSafePow, feature_dim, feature_sum, index_tuple
+from .ir import LOGICAL, FSum, Gather, Select, VarInfo, VectorOp, ZeroSafePow, feature_dim, feature_sum, index_tuple
 
 
 def local_partial(node: sympy.Expr, k: int) -> sympy.Expr:
@@ -46,6 +46,9 @@ def _pieces(node: sympy.Piecewise):
 
 def _differentiable_args(node: sympy.Expr):
     """(argument, its local partial) pairs; Piecewise conditions are locally constant."""
+    if isinstance(node, Select):  # the condition is locally constant
+        cond, a, b = node.args
+        return [(a, Select(cond, sympy.Integer(1), sympy.Integer(0))), (b, Select(cond, sympy.Integer(0), sympy.Integer(1)))]
     if isinstance(node, sympy.Piecewise):
         return list(_pieces(node))
     if isinstance(node, LOGICAL):

@@ -25,6 +25,7 @@ import sympy
 import sympy.calculus.accumulationbounds  # noqa: F401
 import sympy.matrices.expressions  # noqa: F401
 import sympy.tensor.tensor  # noqa: F401
+from sympy.core.logic import fuzzy_and
 
 AXES = ("i", "j", "p")
 FLIPPED = {"i": "j", "j": "i", "p": "p"}  # each axis with i and j exchanged (reducing over i, transposing)
@@ -88,6 +89,9 @@ class FSum(sympy.Function):
     """Sum over the feature axis of ``arg`` broadcast to ``width`` features: (..., D) -> (..., 1)."""
 
     nargs = 2
+
+    def _eval_is_extended_real(self):  # a sum of real features (variables are real symbols): sympy compares it
+        return True
 
     @classmethod
     def eval(cls, arg, width):
@@ -252,6 +256,24 @@ class XLogX(sympy.Function):
 SERIES_RADIUS = 1.0  # |a| below which SinXDivXDiff uses its Taylor series
 
 
+class Atan2(sympy.Function):
+    """torch.atan2(y, x). Not sympy's atan2, which ``sin`` / ``cos`` / ``tan`` rewrite as ``y / sqrt(x^2 + y^2)``
+    and such: NaN at (0, 0), where torch's value is finite (sin(atan2(0, 0)) = 0)."""
+
+    nargs = 2
+
+    @classmethod
+    def eval(cls, y, x):
+        return sympy.atan2(y, x) if _constants(y, x) else None  # constants fold (see ``_constants``)
+
+    def fdiff(self, argindex=1):
+        y, x = self.args
+        return (x if argindex == 1 else -y) / (x**2 + y**2)
+
+    def _eval_is_extended_real(self):
+        return True
+
+
 class SinXDivXDiff(sympy.Function):
     """The ``order``-th derivative of sin(a) / a, continuous at a = 0 (KeOps's SinXDivX(0) = 1).
 
@@ -312,6 +334,9 @@ class VectorOp(sympy.Function):
     matrix-vector products, tensor products, concatenation or tensordot built
     from the few nodes below get derivatives of any order for free.
     """
+
+    def _eval_is_extended_real(self):  # moves or combines real features: real, so sympy compares it and takes abs
+        return True
 
     def width(self, info) -> int:
         raise NotImplementedError
@@ -438,8 +463,33 @@ class FeatureMin(VectorOp):
         return picked if size == 1 else feature_sum(picked, size)
 
 
+class Select(sympy.Function):
+    """``a`` where ``cond`` holds, else ``b`` (torch.where), feature by feature.
+
+    Not sympy's Piecewise: sympy folds a Piecewise out of whatever function
+    holds it (``piecewise_fold``, which every Piecewise condition goes
+    through), and out of a feature-vector node that changes which feature's
+    condition applies: ``where((y > 0)[0], x, 0)`` tested each feature of x
+    against its own feature of y, and a where inside a condition became an
+    ``ITE`` nothing could lower.
+    """
+
+    nargs = 3
+
+    @classmethod
+    def eval(cls, cond, a, b):
+        if cond == sympy.true:
+            return a
+        if cond == sympy.false:
+            return b
+        return None
+
+    def _eval_is_extended_real(self):
+        return fuzzy_and([self.args[1].is_extended_real, self.args[2].is_extended_real])
+
+
 def _indicator(cond) -> sympy.Expr:
-    return sympy.Piecewise((sympy.Integer(1), cond), (sympy.Integer(0), True))
+    return Select(cond, sympy.Integer(1), sympy.Integer(0))
 
 
 LOGICAL = (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction, sympy.logic.boolalg.BooleanAtom)
@@ -460,8 +510,8 @@ def condition(expr: sympy.Expr):
     """A formula used as a condition: itself if boolean, else ``expr != 0``."""
     if isinstance(expr, LOGICAL):
         return expr
-    if isinstance(expr, sympy.Piecewise) and expr.args[-1] == (0, True) and len(expr.args) == 2 and expr.args[0][0] == 1:
-        return expr.args[0][1]  # an indicator: back to its condition
+    if isinstance(expr, Select) and expr.args[1:] == (1, 0):
+        return expr.args[0]  # an indicator: back to its condition
     return sympy.Ne(expr, 0)
 
 

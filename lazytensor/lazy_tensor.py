@@ -183,7 +183,7 @@ class LazyTensor:
     __eq__ = _operator(lambda a, b: _relation(sympy.Eq, a, b))
     __ne__ = _operator(lambda a, b: _relation(sympy.Ne, a, b))
     __hash__ = object.__hash__
-    atan2 = _operator(sympy.atan2, doc="The angle of the point (other, self), as ``torch.atan2(self, other)``.")
+    atan2 = _operator(ir.Atan2, doc="The angle of the point (other, self), as ``torch.atan2(self, other)``.")
 
     def __pow__(self, o):
         if isinstance(o, float) and o.is_integer():
@@ -507,7 +507,7 @@ def _relation(kind, a: sympy.Expr, b: sympy.Expr):
     """``kind(a, b)``, kept symbolic where a variable is involved (x == x is not true for NaN).
 
     A formula compared with itself is a NaN test, since sympy folds ``Ne(x, x)``
-    to false wherever it meets it (a Piecewise's conditions included)."""
+    to false wherever it meets it."""
     if a == b and a.free_symbols:
         return ir.IsNaN(a) if kind is sympy.Ne else 1 - ir.IsNaN(a) if kind in (sympy.Eq, sympy.Ge, sympy.Le) \
             else sympy.Integer(0)
@@ -560,4 +560,4 @@ def Pm(t) -> LazyTensor:
 def where(cond: LazyTensor, a, b) -> LazyTensor:
     """Elementwise choice: ``a`` where ``cond`` holds, else ``b``."""
     cond, a, b = as_lazy(cond), as_lazy(a), as_lazy(b)
-    return LazyTensor._build(lambda c, x, y: sympy.Piecewise((ir.numeric(x), ir.condition(c)), (ir.numeric(y), True)), cond, a, b)
+    return LazyTensor._build(lambda c, x, y: ir.Select(ir.condition(c), ir.numeric(x), ir.numeric(y)), cond, a, b)

@@ -154,7 +154,7 @@ class TileSource:
             if isinstance(e, func):
                 a = self.emit(e.args[0])
                 return f"{torch_name}({a}, {a})" if func is ir.XLogX else f"{torch_name}({a})"
-        if isinstance(e, (ir.VectorOp, ir.Round, ir.SinXDivXDiff, sympy.atan2)):
+        if isinstance(e, (ir.VectorOp, ir.Round, ir.SinXDivXDiff, ir.Atan2, sympy.atan2)):
             return self._special(e)
         if isinstance(e, (ir.Step, sympy.Heaviside)):
             a = self.emit(e.args[0])
@@ -177,7 +177,10 @@ class TileSource:
             for a in e.args[1:]:
                 code = f"{fn}({code}, {self._tensor(a)})"
             return code
-        if isinstance(e, sympy.Piecewise):
+        if isinstance(e, ir.Select):
+            cond, a, b = e.args
+            return f"torch.where({self.emit(cond)}, {self._tensor(a)}, {self._tensor(b)})"
+        if isinstance(e, sympy.Piecewise):  # sympy's own rewrites may still make one
             *cases, (last, last_cond) = e.args
             if last_cond != sympy.true:
                 raise UnsupportedFormula(f"piecewise without a default branch: {e}")
@@ -222,7 +225,7 @@ class TileSource:
 
     # -- rounding, sinc, atan2 and the feature-vector nodes ------------------------
     def _special(self, e: sympy.Expr) -> str:  # noqa: C901 - one dispatch table
-        if isinstance(e, sympy.atan2):
+        if isinstance(e, (ir.Atan2, sympy.atan2)):
             return f"torch.atan2({self._tensor(e.args[0])}, {self._tensor(e.args[1])})"
         if isinstance(e, ir.SinXDivXDiff):  # the Taylor series near 0, the closed form elsewhere
             a = self.emit(e.args[0])
