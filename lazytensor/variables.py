@@ -8,6 +8,7 @@ dimension when a reduction runs.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import math
@@ -40,6 +41,13 @@ class Variable:
 
     def with_axis(self, axis: str) -> "Variable":
         return Variable(axis, self.tensor, self.follows_dtype, self.numpy)
+
+    def __deepcopy__(self, memo):
+        """As pickle copies it: torch refuses to deep-copy a tensor computed from a leaf (``Pm(g)`` holds a reshaped
+        view of ``g``), so such a tensor becomes a leaf copy that requires grad as it did."""
+        t, new = self.tensor, copy.copy(self)
+        new.tensor = copy.deepcopy(t, memo) if t.is_leaf else t.detach().clone().requires_grad_(t.requires_grad)
+        return new
 
 
 class Placeholder(Variable):

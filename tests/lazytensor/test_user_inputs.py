@@ -67,3 +67,18 @@ def test_a_callers_torch_compile_calls_lazytensor_as_opaque_steps():
     torch.testing.assert_close(value, dense)
     torch.testing.assert_close(torch.autograd.grad(value, b)[0], torch.autograd.grad(dense, b)[0])
     assert not [w for w in caught if "Dynamo" in str(w.message)], [str(w.message)[:80] for w in caught]
+
+
+def test_a_formula_with_a_parameter_that_requires_grad_deep_copies():
+    """Pm(g) holds a reshaped view of g, which torch's deepcopy refuses; the copy holds a leaf that requires grad,
+    as pickle's copy does, and the copies of one tensor stay one tensor."""
+    import copy
+
+    g, x = torch.tensor(0.5, dtype=torch.float64, requires_grad=True), torch.randn(5, 3, dtype=torch.float64)
+    K = (-lt.Pm(g) * lt.Vi(x).sqdist(lt.Vj(x))).exp()
+    twin = copy.deepcopy(K)
+    torch.testing.assert_close(twin.sum(1), K.sum(1))
+    (copied,) = [v.tensor for v in twin.variables.values() if v.tensor.requires_grad]
+    torch.testing.assert_close(torch.autograd.grad(twin.sum(1).sum(), copied)[0].reshape(()),
+                               torch.autograd.grad(K.sum(1).sum(), g)[0])
+    assert len({id(v.tensor) for v in twin.variables.values() if not v.tensor.requires_grad}) == 1
