@@ -1,4 +1,5 @@
-"""pykeops's LazyTensor tutorials, unchanged, through lazytensor.keops: k-NN, k-means, Gaussian mixture, interpolation.
+"""pykeops's LazyTensor tutorials, unchanged, through lazytensor.keops: k-NN, k-means, Gaussian mixture, interpolation,
+symbolic variables.
 
 Run: .venv/bin/python docs/examples/keops_tutorials.py
 """
@@ -7,7 +8,7 @@ import torch
 import lazytensor.keops
 
 lazytensor.keops.install()  # `import pykeops` is now lazytensor.keops (the real pykeops, if installed, is set aside)
-from pykeops.torch import LazyTensor, Vi, Vj  # noqa: E402 - after install(), as a client would
+from pykeops.torch import LazyTensor, Pm, Vi, Vj  # noqa: E402 - after install(), as a client would
 
 torch.manual_seed(0)
 N, M, D, K = 2000, 300, 3, 5
@@ -41,6 +42,13 @@ a = K_yy.solve(Vi(b), alpha=1e-2)
 dense_a = torch.linalg.solve(torch.exp(-20.0 * torch.cdist(y, y) ** 2) + 1e-2 * torch.eye(M, dtype=torch.float64), b)
 torch.testing.assert_close(a, dense_a, rtol=1e-8, atol=1e-8)
 
+# Symbolic variables (KeOps's plot_lazytensors_c): the reduction is a function of the tensors, in index order
+sigmas = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)
+x_s, y_s, b_s, s_s = Vi(0, D), Vj(1, D), Vj(2, 1), Pm(3, 3)
+gamma = (LazyTensor.exp(-((x_s - y_s) ** 2).sum(-1) / s_s**2).sum() * b_s).sum_reduction(axis=1)
+dense_gamma = sum(torch.exp(-torch.cdist(x, y) ** 2 / s**2) for s in sigmas) @ b
+torch.testing.assert_close(gamma(x, y, b, sigmas), dense_gamma)
+
 lazytensor.keops.uninstall()
-print(f"keops tutorials: k-NN ({vote.float().mean():.2f} positive votes), k-means, mixture log-likelihood and "
-      "interpolation match dense torch")
+print(f"keops tutorials: k-NN ({vote.float().mean():.2f} positive votes), k-means, mixture log-likelihood, "
+      "interpolation and a symbolic-variable reduction match dense torch")
