@@ -164,8 +164,8 @@ class Gather(VectorOp):
         if is_constant(arg):
             return arg  # a scalar constant is the same at every position
         if isinstance(arg, Gather):
-            inner = arg.args[1]
-            return Gather(arg.args[0], sympy.Tuple(*(inner[int(m)] for m in index)))
+            inner = arg.args[1]  # one position is a size-1 value that broadcasts: any index reads it
+            return Gather(arg.args[0], sympy.Tuple(*(inner[0 if len(inner) == 1 else int(m)] for m in index)))
         return None
 
     def width(self, info) -> int:
@@ -293,9 +293,10 @@ def _width(expr: sympy.Expr, info: dict[sympy.Symbol, VarInfo]) -> int:
         return info[expr].dim
     if isinstance(expr, VectorOp):
         return expr.width(info)
-    if isinstance(expr, FSum) or not expr.free_symbols:
+    if isinstance(expr, FSum) or is_constant(expr):
         return 1
-    dims = {_width(a, info) for a in expr.args if isinstance(a, sympy.Basic) and a.free_symbols}
+    # a constant feature vector (concat of numbers: a Scatter of a constant) counts as much as a variable
+    dims = {_width(a, info) for a in expr.args if isinstance(a, sympy.Basic) and not is_constant(a)}
     dims.discard(1)
     if len(dims) > 1:
         raise ValueError(f"feature sizes {sorted(dims)} do not broadcast in {expr}")

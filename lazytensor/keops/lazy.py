@@ -132,7 +132,8 @@ class LazyTensor(CoreLazyTensor):
 
             def later(formula, *operands, **call_options):  # the operands bound: self, args, then named's values
                 given, weights = operands[:len(args)], dict(zip(names, operands[len(args):]))
-                return formula._run(name, axis, dim, default, {**kwargs, **call_options}, *given, **weights)
+                # the axis as written (KeOps fixes it then): the call's tensors may bring batch dimensions
+                return formula._run(name, where, None, default, {**kwargs, **call_options}, *given, **weights)
 
             return Waiting(later, self, *args, *named.values())
         kwargs.pop("call", None)

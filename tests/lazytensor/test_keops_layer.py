@@ -253,6 +253,9 @@ def test_symbolic_variables_make_a_reduction_called_with_their_tensors():
     assert gamma(x.float(), y.float(), b.float(), sigmas.float()).dtype == torch.float32  # the dtype of the call's tensors
     mixed = (kt.LazyTensor.exp(-kt.LazyTensor.sum((kt.Vi(x) - kt.Vj(0, 3)) ** 2) / sigmas**2).sum() * kt.Vj(b)).sum(axis=1)
     torch.testing.assert_close(mixed(y), dense, **F64)  # the bound tensors stay; the call brings the symbolic one
+    xb, yb = x.reshape(2, 15, 3), y[:30].reshape(2, 15, 3)  # batched tensors: the axis stays as written (over j)
+    batched = (kt.Vi(0, 3) * kt.Vj(1, 3)).sum_reduction(axis=1)(xb, yb[:, :7])
+    torch.testing.assert_close(batched, xb * yb[:, :7].sum(1, keepdim=True), **F64)
     tupled = kt.LazyTensor((0, 3, 0)).sqdist(kt.LazyTensor((1, 3, 1))).argKmin(3, dim=1)  # KeOps's (index, dim, category)
     assert torch.equal(tupled(x, y), sq.topk(3, 1, largest=False).indices)
     numpy_sum = (-((knp.Vi(0, 3) - knp.Vj(1, 3)) ** 2).sum()).exp().sum(axis=1)

@@ -98,3 +98,28 @@ def test_selection_gradients_over_zero_rows(reduction):
     out = {"min": lambda: D.min(1), "kmin": lambda: D.kmin(3, 1), "quantile": lambda: D.quantile(0.5, 1)}[reduction]()
     gx, gy = torch.autograd.grad(out.sum(), (x, y), allow_unused=True)
     assert gx.shape == (0, 2) and (gy is None or (gy.shape == (7, 2) and not gy.any()))
+
+
+@pytest.mark.parametrize("backend", ["eager", "compiled"])
+def test_a_constant_feature_vector_keeps_its_features(backend):
+    """concat of numbers is a constant vector; as a where branch or condition, a clamp bound or an atan2 argument
+    its width was not counted, and every feature got one value."""
+    x = torch.tensor([[1.0], [2.0]], dtype=F64)
+    y = torch.tensor([[1.0], [-1.0], [3.0]], dtype=F64)
+    c, dense_c = lt.LazyTensor(1.0).concat(lt.LazyTensor(0.0)), torch.tensor([1.0, 0.0], dtype=F64)
+    X, Y = lt.Vi(x), lt.Vj(y)
+    xi, yj = pairs(x, y)
+    cases = {"branch": (lt.where(X < Y, X, c), torch.where(xi < yj, xi, dense_c)),
+             "condition": (lt.where(c, X, Y), torch.where(dense_c != 0, xi, yj)),
+             "clamp bound": ((X * Y).clamp(-9.0, c), torch.clamp(xi * yj, torch.tensor(-9.0, dtype=F64), dense_c)),
+             "atan2": ((X * Y).atan2(c), torch.atan2(xi * yj, dense_c))}
+    for name, (F, dense) in cases.items():
+        torch.testing.assert_close(F.sum(1, backend=backend), dense.expand(2, 3, 2).sum(1), msg=name)
+
+
+def test_indexing_a_where_that_folded_to_its_narrow_branch():
+    """A where whose condition folds picks a size-1 branch that broadcasts; indexing feature 1 or 2 of it raised."""
+    x, y, _, _ = data(3)
+    X, Y = lt.Vi(x), lt.Vj(y[:, :2])
+    torch.testing.assert_close((lt.LazyTensor(0.0).ifelse(X[2], X)[1] + Y[0]).sum(1), 6 * x[:, 2:] + y[:, 0].sum())
+    torch.testing.assert_close((lt.where(Y[0] < Y[0], X, X[0])[2] + Y[0]).sum(1), 6 * x[:, :1] + y[:, 0].sum())
