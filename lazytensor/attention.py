@@ -27,6 +27,7 @@ import math
 
 import torch
 
+from . import precision
 from .plan import attention_tiles, check_chunk_size
 from .reductions.softmax import finite, merge
 
@@ -39,8 +40,8 @@ def _check(q, k, v, attn_mask, is_causal, scale) -> torch.Size:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"attention: {name} must be float32 or float64, got {t.dtype}")
+        if t.dtype not in (torch.float64, torch.float32, *precision.HALF):
+            raise TypeError(f"attention: {name} must be float64, float32, bfloat16 or float16, got {t.dtype}")
         if t.dim() < 2:
             raise ValueError(f"attention: {name} must be (..., length, features), got shape {tuple(t.shape)}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
@@ -259,5 +260,8 @@ def streamed_attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, 
     columns are this rank's shard of the keys; every rank gets the full output.
     """
     batch = _check(q, k, v, attn_mask, is_causal, scale)
+    dtype = q.dtype
+    q, k, v, attn_mask = map(precision.widened, (q, k, v, attn_mask))  # half precision: tiles and state in float32
     q, k, v = (t.expand(*batch, *t.shape[-2:]) for t in (q, k, v))  # one k, v head for several q heads
-    return _Attention.apply(q, k, v, attn_mask, is_causal, scale, check_chunk_size(chunk_size), sharding)
+    out = _Attention.apply(q, k, v, attn_mask, is_causal, scale, check_chunk_size(chunk_size), sharding)
+    return precision.narrowed(out, dtype)

@@ -5,6 +5,12 @@ N x M storage) or ``impl="dense"`` (the native ATen formulation: ``cdist``,
 ``mm``, ``torch.quantile``, ``F.scaled_dot_product_attention``), so every
 streamed result has a reference one keyword away. Point sets are (N, D) or
 batched (B, N, D); outputs drop the feature axis where it is 1.
+
+A streamed operator is the generic formula it names, written as a user
+would (a number ``gamma`` is a constant of the formula, as in
+``(-0.5 * Vi(x).sqdist(Vj(y))).exp() @ b``): one kernel, one compile, one
+route for both. Half-precision inputs run in float32 and return in their
+dtype (``precision``).
 """
 from __future__ import annotations
 
@@ -13,12 +19,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import distributed
+from . import distributed, precision
 from .attention import streamed_attention
 from .lazy_tensor import Pm, Vi, Vj
 from .reductions.quantile import quantile_ranks
 
 IMPLS = ("streamed", "dense")
+FLOATS = (torch.float64, torch.float32, *precision.HALF)
 # torch.quantile refuses inputs above 2**24 elements: the dense twin goes in row blocks.
 _QUANTILE_MAX_NUMEL = 1 << 24
 
@@ -34,8 +41,8 @@ def _check_points(**named: torch.Tensor) -> None:
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"{name} must be float32 or float64, got {t.dtype}")
+        if t.dtype not in FLOATS:
+            raise TypeError(f"{name} must be float64, float32, bfloat16 or float16, got {t.dtype}")
         if t.dim() not in (2, 3):
             raise ValueError(f"{name} must be (N, D) or (B, N, D), got shape {tuple(t.shape)}")
         if t.dtype != first.dtype or t.device != first.device:
@@ -57,13 +64,14 @@ def _check_rows(name: str, t: torch.Tensor, like_name: str, like: torch.Tensor) 
 
 
 def _as_param(value, like: torch.Tensor, name: str):
+    """A scalar tensor as a parameter ``Pm`` of ``like``'s dtype; a number as itself (a constant of the formula)."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"{name} must be a scalar, got shape {tuple(value.shape)}")
-        return value.to(like.dtype).reshape(1)
+        return Pm(value.to(like.dtype).reshape(1))
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number or a scalar tensor, got {value!r}")
-    return torch.tensor([float(value)], dtype=like.dtype, device=like.device)
+    return float(value)
 
 
 def _squeeze_features(t: torch.Tensor, keep: bool) -> torch.Tensor:
@@ -100,7 +108,7 @@ def distance_sum(x, y, p=2, *, impl="streamed", backend="auto", chunk_size=None,
 
 
 def _gaussian(x, y, gamma):
-    return -Pm(_as_param(gamma, x, "gamma")) * Vi(x).sqdist(Vj(y))
+    return -_as_param(gamma, x, "gamma") * Vi(x).sqdist(Vj(y))
 
 
 def rbf_matmul(x, y, b, gamma, *, impl="streamed", backend="auto", chunk_size=None, group=None):
@@ -127,11 +135,11 @@ def distance_quantile(x, y, q, *, impl="streamed", backend="auto", chunk_size=No
     if impl == "streamed":
         out = Vi(x).sqdist(Vj(y)).sqrt().quantile(q, 1, backend=backend, chunk_size=chunk_size, group=group)
         return out.squeeze(-1) if scalar else out
-    qt = torch.as_tensor(q, dtype=x.dtype, device=x.device)
-    dist = torch.cdist(x, y)
+    qt = torch.as_tensor(q, dtype=precision.widened(x).dtype, device=x.device)
+    dist = precision.widened(torch.cdist(x, y))  # torch.quantile takes float32 and float64 only
     step = max(1, _QUANTILE_MAX_NUMEL // max(dist.shape[-1] * (dist.shape[0] if dist.dim() == 3 else 1), 1))
     parts = [torch.quantile(dist[..., r : r + step, :], qt, dim=-1) for r in range(0, dist.shape[-2], step)]
-    out = torch.cat(parts, -1)
+    out = precision.narrowed(torch.cat(parts, -1), x.dtype)
     return out if scalar else out.movedim(0, -1)
 
 
@@ -162,7 +170,7 @@ def knn_regression(x_query, x_train, y_train, k, *, impl="streamed", backend="au
     """
     _check_impl(impl)
     _check_points(x_query=x_query, x_train=x_train)
-    y2 = _check_rows("y_train", y_train, "x_train", x_train)
+    y2 = precision.widened(_check_rows("y_train", y_train, "x_train", x_train))  # the mean of k targets, in float32
     sharding, total = _sharding(impl, group, x_train)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= total:
         raise ValueError(f"k must be an integer in [1, {total}], got {k!r}")
@@ -187,7 +195,7 @@ def knn_regression(x_query, x_train, y_train, k, *, impl="streamed", backend="au
     out = picked.sum(-2) / k
     if sharding is not None:
         out = distributed.sum_over_ranks(out, sharding)
-    return _squeeze_features(out, y_train.dim() > 1)
+    return _squeeze_features(precision.narrowed(out, y_train.dtype), y_train.dim() > 1)
 
 
 def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, impl="streamed", chunk_size=None, group=None):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import autograd, cluster, distributed, engine, ir, variables
+from . import autograd, cluster, distributed, engine, ir, precision, variables
 from .kept import Kept
 from .plan import check_chunk_size, check_ranges
 from .reductions import named
@@ -77,13 +77,15 @@ def run(source, requests: list, axis: str, options: dict) -> list:
         problem = problem.sharded_over(sum(sharding.sizes(problem.size("j"), problem.device)))
     formula_exprs = iter(formula_exprs)
     expr = ir.numeric(expr)
-    arguments = [ir.numeric(next(formula_exprs)) if formula else a for formula, (_, a) in zip(is_formula, requests)]
+    arguments = [ir.numeric(next(formula_exprs)) if formula else precision.widened(a)
+                 for formula, (_, a) in zip(is_formula, requests)]
     objects = [_built(e, expr, problem, a, source.width) for e, a in zip(entries, arguments)]
     results = autograd.reduce(problem, objects, backend, chunk_size, ranges=ranges, sharding=sharding)
     as_numpy = variables.from_numpy(merged)
+    dtype = next(iter(merged.values())).tensor.dtype  # the variables' one dtype (``variables.check``)
     delivered = []
     for entry, (_, argument), outs in zip(entries, requests, results):
-        outs = tuple(o.reshape(*batch, *o.shape[1:]) for o in outs)
+        outs = tuple(precision.narrowed(o.reshape(*batch, *o.shape[1:]), dtype) for o in outs)
         outs = _deliver(entry.shape(tuple(outs[k] for k in entry.outputs), source.width, argument), options.get("out"), as_numpy)
         delivered.append(outs[0] if len(outs) == 1 else outs)
     return delivered

@@ -17,7 +17,7 @@ import numpy as np
 import sympy
 import torch
 
-from . import ir
+from . import ir, precision
 from .kept import Kept
 from .problem import Problem, kernel_order
 
@@ -209,7 +209,8 @@ def problem(variables: dict, axis: str) -> tuple[Problem, tuple]:
 
     What depends on the variables' structure alone (checks, info, order, batch)
     is kept per structure: a call repeated in a loop only flattens its tensors.
-    Number-made parameters are converted to the formula's dtype (``check``) every call."""
+    Number-made parameters are converted to the formula's dtype (``check``) every call; half-precision
+    tensors are widened to float32 (``precision``)."""
     if any(v.follows_dtype for v in variables.values()):
         layout = _layout(variables, axis)
     else:
@@ -217,7 +218,7 @@ def problem(variables: dict, axis: str) -> tuple[Problem, tuple]:
         layout = _LAYOUTS.get(key, lambda: _layout(variables, axis))
     info, order, batch, missing = layout
     flat = math.prod(batch)
-    tensors = {s: _flatten_batch(v, batch, flat) for s, v in variables.items()}
+    tensors = {s: precision.widened(_flatten_batch(v, batch, flat)) for s, v in variables.items()}
     if missing is not None:  # an i-only (j-only) formula: the kept axis has size 1
         tensors[missing] = next(iter(tensors.values())).new_zeros(1, 1, 1)
     return Problem(info, tensors, order), batch

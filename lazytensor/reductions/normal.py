@@ -14,7 +14,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from .. import autograd, distributed, ir, variables
+from .. import autograd, distributed, ir, precision, variables
 from ..lazy_tensor import LazyTensor
 from ..plan import MAX_TILE_ROWS, PAIRS_PER_TILE, bucket, check_chunk_size
 from .base import Reduction, column_side, masked
@@ -103,4 +103,4 @@ def normal_product(F: LazyTensor, *, dtype_acc=None, chunk_size=None, backend: s
     reduction = NormalProduct(ir.numeric(F.expr), problem.info, m, accumulation_dtype(dtype_acc, problem.dtype))
     with torch.no_grad():
         (out,) = autograd.reduce(problem, [reduction], backend, None if given is None else (given[0], max(m, 1)))[0]
-    return out[0]
+    return precision.narrowed(out[0], next(iter(F.variables.values())).tensor.dtype)
