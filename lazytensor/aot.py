@@ -11,6 +11,13 @@ the caller loads the package (~10 ms) once it is built, and a later process
 that finds it starts compiled at its first call. The child costs the caller
 neither the GIL nor memory, and only the CPU time nothing else wants.
 
+A build belongs to the process that asked for it. The child leads a process
+group of its own (itself and its compilers); the caller ends that group when
+it exits (``stop_builds``, from ``compile``'s exit hook), and the kernel
+ends the child when the caller dies without exiting (a signal:
+``PR_SET_PDEATHSIG``), which then ends its group. Scripts run one after
+another had left a dozen orphaned builds of 350 MB each running for minutes.
+
 A package is keyed by everything its code depends on: the tile source, the
 consumers (pickled), the example tile's shapes, strides and dtypes, the compile
 options, torch's and Python's versions, and the text of this package. Anything
@@ -27,6 +34,7 @@ import getpass
 import hashlib
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -92,10 +100,25 @@ class _Turns:
 
 
 _TURNS = _Turns()
+_CHILDREN: set[subprocess.Popen] = set()  # builds running now
+stopping = threading.Event()  # set at exit: no build starts any more
+
+
+def stop_builds() -> None:
+    """At exit: no new build starts, and each running one ends with its compilers (its process group)."""
+    stopping.set()
+    for proc in list(_CHILDREN):
+        _end(proc)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def available(device: torch.device) -> bool:
-    return (device.type == "cpu" and os.environ.get("LAZYTENSOR_COMPILE_ASIDE", "process") != "thread"
+    """Whether kernels for ``device`` are built aside: CPU and CUDA (AOTInductor packages hold either's kernels)."""
+    return (device.type in ("cpu", "cuda") and os.environ.get("LAZYTENSOR_COMPILE_ASIDE", "process") != "thread"
             and hasattr(torch._C, "_aoti"))
 
 
@@ -148,7 +171,9 @@ class Package:
     fresh process), the C++ one takes 7 ms."""
 
     def __init__(self, path: Path, args: tuple, eager: Callable):
-        self.runner = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+        device = args[-1].device  # the tile's row mask: where its kernels run
+        index = -1 if device.type == "cpu" else device.index if device.index is not None else torch.cuda.current_device()
+        self.runner = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, index)
         self.outputs = pytree.treespec_loads(self.runner.get_call_spec()[1])
         self.layout = _layout(_tensors(args))
         self.eager = eager
@@ -180,6 +205,8 @@ def build(path: Path, source: str, consumers, args: tuple, options: dict, eager:
     while True:
         with _TURNS.turn(priority) as outranked, open(path.with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process building the same package: wait for it
+            if stopping.is_set():
+                return None
             if path.exists() or path.with_suffix(".failed").exists():
                 break
             job = path.with_suffix(".job")
@@ -212,29 +239,41 @@ def _run_child(job: Path, outranked: Callable[[], bool]):
     here = str(Path(__file__).resolve().parent.parent)  # the child imports this lazytensor, wherever it came from
     env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(job)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(job), str(os.getpid())], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _CHILDREN.add(proc)
     deadline = time.monotonic() + BUILD_TIMEOUT_SECONDS
-    while True:
-        try:
-            stderr = proc.communicate(timeout=POLL_SECONDS)[1]
-            return proc.returncode, stderr
-        except subprocess.TimeoutExpired:
-            stop = _OUTRANKED if outranked() else None if time.monotonic() > deadline else False
-            if stop is not False:
-                proc.kill()
-                proc.communicate()
-                return stop
+    try:
+        while True:
+            try:
+                stderr = proc.communicate(timeout=POLL_SECONDS)[1]
+                return proc.returncode, stderr
+            except subprocess.TimeoutExpired:
+                stop = _OUTRANKED if outranked() else None if time.monotonic() > deadline else False
+                if stop is not False:
+                    _end(proc)
+                    proc.communicate()
+                    return stop
+    finally:
+        _CHILDREN.discard(proc)
 
 
 _EXPORT_FAILED = 3
 # The child lowers its priority before it imports anything (torch's import is seconds of CPU): SCHED_IDLE, so
 # that any runnable task of the caller preempts it at once, where the platform has it; nice 19 everywhere.
-_CHILD = """import os, contextlib
+# It asks the kernel for SIGTERM when its parent dies (Linux's PR_SET_PDEATHSIG, prctl option 1), and
+# answers SIGTERM by ending its process group: itself and the compilers it started.
+_CHILD = """import contextlib, os, signal, sys
 with contextlib.suppress(OSError, AttributeError):
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 os.nice(19)
-import sys, lazytensor.aot as aot
+signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
+with contextlib.suppress(OSError, AttributeError):
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+if os.getppid() != int(sys.argv[2]):  # the parent died before the request
+    os.killpg(0, signal.SIGKILL)
+import lazytensor.aot as aot
 sys.exit(aot._child(sys.argv[1]))
 """
 

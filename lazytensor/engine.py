@@ -55,7 +55,8 @@ def use_compiled(backend: str, problem: Problem, formula_key=None) -> bool:
         return False
     if backend == "compiled":
         return True
-    return compile.worth_compiling(formula_key, problem.size("i") * problem.size("j"), compile.eager_seconds(formula_key))
+    return compile.worth_compiling(formula_key, problem.size("i") * problem.size("j"), compile.eager_seconds(formula_key),
+                                   problem.device)
 
 
 def _block(t: torch.Tensor, start: int, stop: int, extent: int, fixed: bool, features_first: bool = False) -> torch.Tensor:
@@ -215,7 +216,7 @@ def _auto_tier(loop: "_TileLoop", problem: Problem, consumers, chunk_size, formu
     """The "auto" backend: compiled tiles when their kernel is ready, else eager ones while it compiles aside.
 
     A formula whose eager time (spent so far in this process, plus this call's
-    projection from its first row block) reaches ``compile.COMPILE_AFTER_SECONDS``
+    projection from its first row block) reaches ``compile.compile_after(device)``
     on a problem of at least ``compile.AUTO_COMPILE_MIN_PAIRS`` pairs has its kernel
     built aside (by a niced child process, ``aot``; in a background thread where
     that is off or fails); the pass switches to it at the next row block once it
@@ -241,7 +242,8 @@ def _auto_tier(loop: "_TileLoop", problem: Problem, consumers, chunk_size, formu
 
     def start_compile(projected: float) -> None:
         nonlocal kernel
-        if (kernel is None or kernel.background is None) and compile.worth_compiling(formula_key, n * m, spent + projected):
+        if (kernel is None or kernel.background is None) and compile.worth_compiling(formula_key, n * m, spent + projected,
+                                                                                     problem.device):
             kernel = kernel or loop.kernel(compiled_plan, True)
             kernel.compile_in_background(loop.example_arguments(compiled_plan))
 

@@ -155,3 +155,36 @@ def test_an_outranked_build_child_is_stopped(tmp_path, monkeypatch):
     assert aot._run_child(tmp_path / "job", lambda: True) is aot._OUTRANKED
     monkeypatch.setattr(aot, "BUILD_TIMEOUT_SECONDS", 0)
     assert aot._run_child(tmp_path / "job", lambda: False) is None  # out of time
+
+
+def test_cuda_kernels_are_built_aside_and_loaded_on_their_device(monkeypatch):
+    """The route a GPU takes, checked on the CPU: which devices build aside, the accelerator's compile rule,
+    and the device index a package is loaded for (the loader is a stand-in)."""
+    monkeypatch.setenv("LAZYTENSOR_COMPILE_ASIDE", "process")
+    assert aot.available(torch.device("cuda")) and aot.available(torch.device("cpu"))
+    assert not aot.available(torch.device("mps"))
+    assert compile.compile_after(torch.device("cuda", 0)) == compile.ACCELERATOR_COMPILE_AFTER_SECONDS == 0.0
+    assert compile.compile_after(torch.device("cpu")) == compile.COMPILE_AFTER_SECONDS
+    key, large = ("formula", "for", "the", "rule"), compile.AUTO_COMPILE_MIN_PAIRS
+    assert compile.worth_compiling(key, large, 0.0, torch.device("cuda"))  # the first large call builds
+    assert not compile.worth_compiling(key, large, 0.0, torch.device("cpu"))  # the CPU waits for 1 s of eager time
+    monkeypatch.setenv("LAZYTENSOR_COMPILE_ASIDE", "thread")  # a compile in this process: the CPU's rule everywhere
+    assert compile.compile_after(torch.device("cuda")) == compile.COMPILE_AFTER_SECONDS
+
+    loaded = []
+
+    class Loader:
+        def __init__(self, *args):
+            loaded.append(args)
+
+        def get_call_spec(self):
+            return ["", torch.utils._pytree.treespec_dumps(torch.utils._pytree.tree_structure([None]))]
+
+    class OnDevice:  # a tile argument on another device (only its device is read)
+        def __init__(self, device):
+            self.device = torch.device(device)
+
+    monkeypatch.setattr(torch._C._aoti, "AOTIModelPackageLoader", Loader)
+    aot.Package(Path("p.pt2"), (torch.zeros(2), OnDevice("cuda:1")), None)
+    aot.Package(Path("p.pt2"), (torch.zeros(2), OnDevice("cpu")), None)
+    assert [args[-1] for args in loaded] == [1, -1]
