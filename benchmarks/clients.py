@@ -38,18 +38,18 @@ WORKLOADS = ("sinkhorn", "multiscale", "gp-mll", "gp-predict", "lse-pass", "rbf-
 BACKENDS = ("lazytensor", "pykeops", "dense")
 
 
-def _points(n: int, dtype, seed: int):
+def _points(n: int, dtype, seed: int, device: str = "cpu"):
     import torch
 
     gen = torch.Generator().manual_seed(seed)
-    return torch.rand(n, 3, generator=gen).to(dtype)
+    return torch.rand(n, 3, generator=gen).to(dtype=dtype, device=device)
 
 
-def _sinkhorn(n: int, dtype, backend: str, multiscale: bool = False):
+def _sinkhorn(n: int, dtype, backend: str, multiscale: bool = False, device: str = "cpu"):
     import geomloss
     import torch
 
-    x, y = _points(n, dtype, 0).requires_grad_(), _points(n, dtype, 1) + 0.2
+    x, y = _points(n, dtype, 0, device).requires_grad_(), _points(n, dtype, 1, device) + 0.2
     keops = "multiscale" if multiscale else "online"
     loss = geomloss.SamplesLoss("sinkhorn", p=2, blur=0.05, backend="tensorized" if backend == "dense" else keops)
 
@@ -61,11 +61,11 @@ def _sinkhorn(n: int, dtype, backend: str, multiscale: bool = False):
     return call
 
 
-def _pass(n: int, dtype, backend: str, lse: bool):
+def _pass(n: int, dtype, backend: str, lse: bool, device: str = "cpu"):
     import torch
 
-    x, y = _points(n, dtype, 0), _points(n, dtype, 1) + 0.2
-    h = torch.randn(n, 1, generator=torch.Generator().manual_seed(2)).to(dtype)
+    x, y = _points(n, dtype, 0, device), _points(n, dtype, 1, device) + 0.2
+    h = torch.randn(n, 1, generator=torch.Generator().manual_seed(2)).to(dtype=dtype, device=device)
     if backend == "dense":
         d = ((x[:, None] - y[None]) ** 2).sum(-1)
         return lambda: float((h.T - 200 * d).logsumexp(1).sum() if lse else ((-2 * d).exp() @ h).sum())
@@ -93,16 +93,16 @@ def exact_gp(gpytorch, kernel, x, y):
     return GP()
 
 
-def _gp(n: int, dtype, backend: str, predict: bool):
+def _gp(n: int, dtype, backend: str, predict: bool, device: str = "cpu"):
     import gpytorch
     import torch
 
-    x = _points(n, dtype, 0)
-    y = torch.sin(6 * x).sum(-1) + 0.1 * torch.randn(n, generator=torch.Generator().manual_seed(2)).to(dtype)
+    x = _points(n, dtype, 0, device)
+    y = torch.sin(6 * x).sum(-1) + 0.1 * torch.randn(n, generator=torch.Generator().manual_seed(2)).to(dtype=dtype, device=device)
     kernel = gpytorch.kernels.RBFKernel() if backend == "dense" else gpytorch.kernels.keops.RBFKernel()
-    model = exact_gp(gpytorch, kernel, x, y).to(dtype)
+    model = exact_gp(gpytorch, kernel, x, y).to(dtype=dtype, device=device)
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
-    x_test = _points(1000, dtype, 3)
+    x_test = _points(1000, dtype, 3, device)
 
     def train_step():
         model.train()
@@ -120,7 +120,7 @@ def _gp(n: int, dtype, backend: str, predict: bool):
     return prediction if predict else train_step
 
 
-def run_one(workload: str, backend: str, n: int, dtype_name: str, threads: int, repeats: int) -> dict:
+def run_one(workload: str, backend: str, n: int, dtype_name: str, threads: int, repeats: int, device: str = "cpu") -> dict:
     """In this process: bind the backend, build the workload, time its first call and its steady state."""
     if backend == "lazytensor":
         import lazytensor.keops
@@ -132,11 +132,11 @@ def run_one(workload: str, backend: str, n: int, dtype_name: str, threads: int, 
     torch.manual_seed(0)
     dtype = getattr(torch, dtype_name)
     if workload in ("sinkhorn", "multiscale"):
-        call = _sinkhorn(n, dtype, backend, workload == "multiscale")
+        call = _sinkhorn(n, dtype, backend, workload == "multiscale", device)
     elif workload.endswith("-pass"):
-        call = _pass(n, dtype, backend, workload == "lse-pass")
+        call = _pass(n, dtype, backend, workload == "lse-pass", device)
     else:
-        call = _gp(n, dtype, backend, workload == "gp-predict")
+        call = _gp(n, dtype, backend, workload == "gp-predict", device)
     start = time.perf_counter()
     value = call()
     first = time.perf_counter() - start
@@ -145,9 +145,7 @@ def run_one(workload: str, backend: str, n: int, dtype_name: str, threads: int, 
         start = time.perf_counter()
         value = call()
         samples.append(time.perf_counter() - start)
-    if backend == "lazytensor":  # a compile thread still running at exit aborts the process
-        lazytensor.compile.wait_for_background_compiles()
-    return {"workload": workload, "backend": backend, "n": n, "dtype": dtype_name, "threads": threads,
+    return {"workload": workload, "backend": backend, "n": n, "dtype": dtype_name, "threads": threads, "device": device,
             "first_s": round(first, 3), "steady_s": round(statistics.median(samples), 3) if samples else None,
             "samples_s": [round(s, 3) for s in samples], "value": value}
 
@@ -158,6 +156,7 @@ def main() -> None:
     parser = arguments(__doc__, threads=1)
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=2, help="steady-state calls after the first (0: the first call only)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--backends", default=",".join(BACKENDS))
@@ -165,7 +164,7 @@ def main() -> None:
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "BACKEND"), help=argparse.SUPPRESS)
     args = parse(parser)
     if args.child:
-        print(json.dumps(run_one(*args.child, args.n, args.dtype, args.threads, args.repeats)))
+        print(json.dumps(run_one(*args.child, args.n, args.dtype, args.threads, args.repeats, args.device)))
         return
     workloads, backends = args.workloads.split(","), args.backends.split(",")
     for name, allowed in (("workloads", WORKLOADS), ("backends", BACKENDS)):
@@ -179,7 +178,7 @@ def main() -> None:
                 print(json.dumps({"workload": workload, "backend": backend, "skipped": "pykeops is not installed"}))
                 continue
             command = [sys.executable, __file__, "--child", workload, backend, "--n", str(args.n), "--dtype", args.dtype,
-                       "--threads", str(args.threads), "--repeats", str(args.repeats)]
+                       "--threads", str(args.threads), "--repeats", str(args.repeats), "--device", args.device]
             try:
                 done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
             except subprocess.TimeoutExpired:
