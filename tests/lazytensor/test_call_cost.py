@@ -173,3 +173,29 @@ def test_a_problem_within_the_eager_tile_budget_is_one_eager_tile(monkeypatch):
         torch.testing.assert_close(out.double(), exact, rtol=1e-4, atol=1e-4)  # float32 sums of 3000 terms
         assert engine.routes["eager"] == before + 1
         assert len(calls) == 1 if tiles == 1 else len(calls) > 1
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_skinny_problems_keep_the_tiles_pairs(compiled, monkeypatch):
+    """A narrow axis (k-means' centroids, a few queries) leaves the other its share of the tile's pairs:
+    a call over 50000 points and 50 centroids cuts a dozen tiles, not ~50; square problems keep their tiles."""
+    seen = []
+    original = engine._TileLoop.run
+
+    def run(self, tile_plan, *args, **kw):
+        seen.append(tile_plan)
+        return original(self, tile_plan, *args, **kw)
+
+    monkeypatch.setattr(engine._TileLoop, "run", run)
+    backend = "compiled" if compiled else "eager"
+    many, few = torch.randn(50000, 2), torch.randn(50, 2)
+    got = lt.Vi(many).sqdist(lt.Vj(few)).argmin(1, backend=backend)
+    torch.testing.assert_close(got.squeeze(-1), torch.cdist(many, few).argmin(1))
+    assert seen[-1].rows >= 4096 and seen[-1].cols <= 64
+    queries = torch.randn(30, 2)
+    got = (-lt.Vi(queries).sqdist(lt.Vj(many))).logsumexp(1, backend=backend)
+    torch.testing.assert_close(got.squeeze(-1), torch.logsumexp(-torch.cdist(queries, many) ** 2, 1), rtol=1e-5, atol=1e-5)
+    assert seen[-1].cols >= 4096 and seen[-1].rows <= 32
+    square = torch.randn(4096, 2)
+    (-lt.Vi(square).sqdist(lt.Vj(square))).logsumexp(1, backend=backend)
+    assert seen[-1].rows * seen[-1].cols <= plan.PAIRS_PER_TILE * 8  # unchanged for square problems
