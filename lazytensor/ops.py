@@ -14,6 +14,7 @@ dtype (``precision``).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -28,6 +29,20 @@ IMPLS = ("streamed", "dense")
 FLOATS = (torch.float64, torch.float32, *precision.HALF)
 # torch.quantile refuses inputs above 2**24 elements: the dense twin goes in row blocks.
 _QUANTILE_MAX_NUMEL = 1 << 24
+
+
+def _one_operator(function):
+    """While a compiler traces, a streamed operator is one ``lazytensor::reduce`` node (``lazytensor.library``)."""
+    @functools.wraps(function)
+    def named(*args, **kwargs):
+        if torch.compiler.is_compiling() and kwargs.get("impl", "streamed") == "streamed":
+            from . import library
+
+            if library.recording():
+                return library.named_operator(function.__name__, args, kwargs)
+        return function(*args, **kwargs)
+
+    return named
 
 
 def _check_impl(impl: str) -> None:
@@ -88,6 +103,7 @@ def _sharding(impl: str, group, points: torch.Tensor):
     return sharding, sum(sharding.sizes(points.shape[-2], points.device))
 
 
+@_one_operator
 def distance_sum(x, y, p=2, *, impl="streamed", backend="auto", chunk_size=None, group=None):
     """sum_j ||x_i - y_j||_p for each row i: (N,) or (B, N). ``group``: y is this rank's shard (lazytensor.distributed)."""
     _check_impl(impl)
@@ -111,6 +127,7 @@ def _gaussian(x, y, gamma):
     return -_as_param(gamma, x, "gamma") * Vi(x).sqdist(Vj(y))
 
 
+@_one_operator
 def rbf_matmul(x, y, b, gamma, *, impl="streamed", backend="auto", chunk_size=None, group=None):
     """sum_j exp(-gamma ||x_i - y_j||^2) b_j: (N, C) (or (N,) for a 1-D b). ``group``: y, b are this rank's shard."""
     _check_impl(impl)
@@ -124,6 +141,7 @@ def rbf_matmul(x, y, b, gamma, *, impl="streamed", backend="auto", chunk_size=No
     return _squeeze_features(out, b.dim() > 1)
 
 
+@_one_operator
 def distance_quantile(x, y, q, *, impl="streamed", backend="auto", chunk_size=None, group=None):
     """Per-row q-quantile of ||x_i - y_j|| over j, as torch.quantile: (N,) or (N, len(q)). ``group``: y is a shard."""
     _check_impl(impl)
@@ -143,6 +161,7 @@ def distance_quantile(x, y, q, *, impl="streamed", backend="auto", chunk_size=No
     return out if scalar else out.movedim(0, -1)
 
 
+@_one_operator
 def kernel_regression(x_query, x_train, y_train, gamma, *, impl="streamed", backend="auto", chunk_size=None, group=None):
     """Normalized RBF smoothing sum_j softmax_j(-gamma ||x_i - t_j||^2) y_j: (N, E) (or (N,)).
 
@@ -161,6 +180,7 @@ def kernel_regression(x_query, x_train, y_train, gamma, *, impl="streamed", back
     return _squeeze_features(out, y_train.dim() > 1)
 
 
+@_one_operator
 def knn_regression(x_query, x_train, y_train, k, *, impl="streamed", backend="auto", chunk_size=None, group=None):
     """Mean of the targets of the k nearest training points: (N, E) (or (N,)).
 
@@ -198,6 +218,7 @@ def knn_regression(x_query, x_train, y_train, k, *, impl="streamed", backend="au
     return _squeeze_features(precision.narrowed(out, y_train.dtype), y_train.dim() > 1)
 
 
+@_one_operator
 def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, impl="streamed", chunk_size=None, group=None):
     """Scaled dot-product attention on (B, H, L, d) tensors, as F.scaled_dot_product_attention.
 

@@ -1,0 +1,343 @@
+"""Formulas inside ``torch.compile`` and ``torch.export``: a reduction is one ``torch.library`` operator.
+
+Why: building a formula is sympy work that Dynamo cannot usefully trace, and the engine's tile loop
+and its caches cannot take symbolic sizes; as opaque calls (``torch.compiler.disable``) they break
+the caller's graph. So while a compiler traces (``torch.compiler.is_compiling()``, also under
+``torch.export``), ``Vi`` / ``Vj`` / ``Pm`` / ``lazy`` / ``where`` return a ``Deferred``: a plain
+record of the calls made on it, cheap for Dynamo to trace. A reduction turns the record into a key,
+a Python literal in which every tensor is its position in one list, and calls
+``lazytensor::reduce(key, tensors)``, one node in the graph. Its implementation replays the record on
+the real tensors as an ordinary LazyTensor (the eager path, unchanged); its fake implementation
+replays it on zeros with one row to learn the outputs' trailing shape and dtype, and takes their
+batch and row sizes (symbolic under export) from the inputs; its derivative is
+``lazytensor::reduce_backward``: the replay differentiated by the engine's own streamed backward,
+which recomputes the forward pass. The key needs no registry, so an exported program runs in a new
+process once ``lazytensor.library`` is imported. A named operator (``rbf_matmul``, ``attention``, ...) is
+one such node too, its call replayed as a whole.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import operator
+
+import torch
+
+from . import lazy_tensor, ops, run
+from .lazy_tensor import LazyTensor
+
+# Methods of a formula that reduce it (the rest return formulas); sum, min, ... over the feature axis are formulas.
+REDUCTIONS = {"sum", "logsumexp", "max_sumshiftexp", "softmax_weighted_sum", "min", "argmin", "min_argmin", "max",
+              "argmax", "max_argmax", "kmin", "argkmin", "kmin_argkmin", "quantile", "matmul", "matvec", "rmatvec",
+              "solve"}
+FEATURE_REDUCTIONS = {"sum", "min", "argmin", "max", "argmax"}
+OPERATORS = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+             "__pow__", "__rpow__", "__neg__", "__abs__", "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__",
+             "__or__", "__ror__", "__getitem__", "__matmul__")
+NAMED_OPERATORS = ("distance_sum", "rbf_matmul", "distance_quantile", "kernel_regression", "knn_regression", "attention")
+_replaying = [0]  # > 0 while a record is replayed (non-strict export traces the replay with is_compiling() true)
+
+
+def recording() -> bool:
+    """Whether formulas are recorded: a compiler traces, and no record is being replayed."""
+    return torch.compiler.is_compiling() and not _replaying[0]
+
+
+def named_operator(name: str, args: tuple, kwargs: dict):
+    """The named operator ``ops.<name>(*args, **kwargs)`` as one ``lazytensor::reduce`` node."""
+    tensors = []
+    outs = torch.ops.lazytensor.reduce(encode(Deferred(("fn", name, args, kwargs), 0), tensors), tensors)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+class Deferred:
+    """A formula recorded while a compiler traces: ``node`` is ("var", axis, tensor), ("call", method, formula,
+    args, kwargs) or ("fn", name, args, kwargs) (``where``, ``Pm`` of a number); ``nbatch`` its batch dimensions."""
+
+    __hash__ = object.__hash__
+
+    def __init__(self, node: tuple, nbatch: int):
+        self.node, self.nbatch = node, nbatch
+
+    @staticmethod
+    def call(name: str, *args, **kwargs) -> "Deferred":
+        """``lazy_tensor.<name>(*args, **kwargs)``: ``lazy``, ``Pm`` or ``where``."""
+        if name == "lazy":
+            t, axis = args
+            return Deferred(("var", axis, t), max(t.dim() - (1 if axis in ("p", 2) else 2), 0))
+        return Deferred(("fn", name, args, kwargs), max([a.nbatch for a in args if isinstance(a, Deferred)] + [0]))
+
+    def _record(self, name: str, args: tuple, kwargs: dict) -> "Deferred":
+        parents = [self.nbatch] + [a.nbatch for a in args if isinstance(a, Deferred)]
+        return Deferred(("call", name, self, args, kwargs), max(parents))
+
+    def _reduce(self, name: str, args: tuple, kwargs: dict):
+        if name in FEATURE_REDUCTIONS:
+            dim = kwargs.get("axis", args[0] if args else kwargs.get("dim", 1))
+            if dim in ("features", -1) or (type(dim) is int and dim in (2, self.nbatch + 2)):
+                return self._record(name, args, kwargs)
+        if kwargs.get("out") is not None:
+            raise ValueError("out= is not supported while a compiler traces a reduction")
+        tensors = []
+        key = encode(Deferred(("call", name, self, args, kwargs), self.nbatch), tensors)
+        outs = torch.ops.lazytensor.reduce(key, tensors)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """A tensor and a formula under an operator (``t * K``; Dynamo passes ``K @ b`` as ``matmul(b, K)``)."""
+        if len(args) == 2 and not kwargs and isinstance(args[1], Deferred):
+            for functions, method in _SWAPPED:
+                if any(func is f for f in functions):
+                    return getattr(args[1], method)(args[0])
+        if len(args) == 2 and not kwargs and isinstance(args[0], Deferred):  # strict export: operator.mul(K, t)
+            for function, method in _OPERATORS:
+                if func is function:
+                    return getattr(args[0], method)(args[1])
+        return NotImplemented
+
+    @property
+    def T(self):
+        return self._record("t", (), {})
+
+    def __getattr__(self, name):
+        raise AttributeError(f"LazyTensor.{name} is not available while a compiler traces (lazytensor.library): "
+                             "reduce the formula to a tensor first")
+
+    def __bool__(self):
+        raise TypeError("a LazyTensor has no truth value; reduce it first")
+
+
+def _tensor_methods(*names):
+    return tuple(getattr(torch.Tensor, n) for n in names if hasattr(torch.Tensor, n))
+
+
+# torch's operator with (tensor, formula) arguments -> the formula's method taking the tensor
+_SWAPPED = ((_tensor_methods("add", "__add__", "__radd__"), "__radd__"),
+            (_tensor_methods("mul", "__mul__", "__rmul__"), "__rmul__"),
+            (_tensor_methods("sub", "__sub__"), "__rsub__"), (_tensor_methods("__rsub__"), "__sub__"),
+            (_tensor_methods("div", "true_divide", "__truediv__", "__div__"), "__rtruediv__"),
+            (_tensor_methods("__rdiv__", "__rtruediv__"), "__truediv__"),
+            (_tensor_methods("pow", "__pow__"), "__rpow__"), (_tensor_methods("__rpow__"), "__pow__"),
+            (_tensor_methods("matmul", "__matmul__", "__rmatmul__"), "__matmul__"),
+            ((operator.add,), "__radd__"), ((operator.mul,), "__rmul__"), ((operator.sub,), "__rsub__"),
+            ((operator.truediv,), "__rtruediv__"), ((operator.pow,), "__rpow__"))
+_OPERATORS = tuple((getattr(operator, n), f"__{n}__") for n in ("add", "mul", "sub", "truediv", "pow", "matmul"))
+
+
+def _method(name: str):
+    def method(self, *args, **kwargs):
+        return (self._reduce if name in REDUCTIONS else self._record)(name, args, kwargs)
+
+    method.__name__ = name
+    return method
+
+
+for _name, _value in list(vars(LazyTensor).items()):
+    _target = next((n for n in REDUCTIONS if getattr(LazyTensor, n) is _value), _name)  # KeOps's spellings
+    if inspect.isfunction(_value) and (not _name.startswith("_") or _name in OPERATORS) and _name != "dim":
+        setattr(Deferred, _name, _method("matmul" if _name == "__matmul__" else _target))
+
+
+# -- the key: a Python literal of the record, tensors as positions --------------------------------
+def encode(value, tensors: list) -> str:
+    """``value`` as a literal; each tensor is appended to ``tensors`` once (by identity) and named by position."""
+    if isinstance(value, Deferred):
+        return "('lazy'," + "".join(encode(part, tensors) + "," for part in value.node) + ")"
+    if isinstance(value, torch.Tensor):
+        for k, t in enumerate(tensors):
+            if t is value:
+                return f"('tensor',{k})"
+        tensors.append(value)
+        return f"('tensor',{len(tensors) - 1})"
+    if isinstance(value, (tuple, list)):
+        kind = "'tuple'" if isinstance(value, tuple) else "'list'"
+        return "(" + kind + "," + "".join(encode(v, tensors) + "," for v in value) + ")"
+    if isinstance(value, dict):
+        return "('dict'," + "".join(f"({k!r},{encode(v, tensors)})," for k, v in value.items()) + ")"
+    if isinstance(value, float):
+        return f"('float',{repr(value)!r})"  # repr(inf) is no literal
+    if isinstance(value, slice):
+        return "('slice'," + encode((value.start, value.stop, value.step), tensors) + ")"
+    if isinstance(value, torch.dtype):
+        return f"('dtype',{str(value)!r})"
+    if value is Ellipsis:
+        return "('ellipsis',)"
+    if value is None or isinstance(value, (bool, int, str)):
+        return repr(value)
+    raise TypeError(f"a {type(value).__name__} cannot be recorded in a formula while a compiler traces")
+
+
+@functools.lru_cache(maxsize=1024)
+def decode(key: str):
+    return ast.literal_eval(key)
+
+
+def replay(node, tensors):
+    """The value ``node`` (decoded) stands for, computed on ``tensors``: LazyTensors, their reductions."""
+    if not isinstance(node, tuple):
+        return node
+    kind, *parts = node
+    if kind == "tensor":
+        return tensors[parts[0]]
+    if kind in ("tuple", "list"):
+        items = [replay(p, tensors) for p in parts]
+        return tuple(items) if kind == "tuple" else items
+    if kind == "dict":
+        return {k: replay(v, tensors) for k, v in parts}
+    if kind == "float":
+        return float(parts[0])
+    if kind == "slice":
+        return slice(*replay(parts[0], tensors))
+    if kind == "dtype":
+        return getattr(torch, parts[0].removeprefix("torch."))
+    if kind == "ellipsis":
+        return Ellipsis
+    return _formula(parts, tensors)
+
+
+def _formula(parts, tensors):
+    kind, *parts = parts
+    if kind == "var":
+        return lazy_tensor.lazy(tensors[parts[1][1]], parts[0])
+    if kind == "fn":
+        name, args, kwargs = parts
+        function = getattr(ops if name in NAMED_OPERATORS else lazy_tensor, name)
+        return function(*replay(args, tensors), **replay(kwargs, tensors))
+    name, formula, args, kwargs = parts
+    return getattr(replay(formula, tensors), name)(*replay(args, tensors), **replay(kwargs, tensors))
+
+
+def _outputs(result) -> list:
+    return list(result) if isinstance(result, tuple) else [result]
+
+
+def _evaluated(key: str, tensors, **override) -> list:
+    """The record's outputs on ``tensors`` (``override``: options replacing the reduction's own)."""
+    node = decode(key)
+    if override:
+        node = node[:-1] + (("dict", *[p for p in node[-1][1:] if p[0] not in override],
+                             *override.items()),)
+    _replaying[0] += 1
+    try:
+        return _outputs(replay(node, tensors))
+    finally:
+        _replaying[0] -= 1
+
+
+# -- the operators ----------------------------------------------------------------------------
+@torch.library.custom_op("lazytensor::reduce", mutates_args=())
+def reduce(key: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The reduction ``key`` records, of ``tensors``: its outputs, as the eager call returns them."""
+    with torch.no_grad():
+        return [o.clone() if o._is_view() else o for o in _evaluated(key, tensors)]
+
+
+@reduce.register_fake
+def _(key, tensors):
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    node = decode(key)
+    batch, rows, shrunk = (_leading_call if node[1] == "fn" else _leading)(node, tensors)
+    hints = [[optimization_hint(s) for s in t.shape] for t in tensors]
+    for k in shrunk:
+        hints[k][-2] = 1
+    with torch._subclasses.fake_tensor.unset_fake_temporarily(), torch.no_grad():
+        zeros = [torch.zeros(h, dtype=t.dtype, device=t.device) for h, t in zip(hints, tensors)]
+        outs = _evaluated(key, zeros, **({} if node[2] == "attention" else {"backend": "eager"}))
+    return [tensors[0].new_empty((*batch, rows, *o.shape[len(batch) + 1:]), dtype=o.dtype) for o in outs]
+
+
+def _leading(node, tensors) -> tuple:
+    """The outputs' batch shape and rows (of the axis not reduced), and the tensors that only hold that axis's rows."""
+    _, _, name, formula, args, kwargs = node
+    if name in ("matmul", "matvec", "rmatvec", "solve"):
+        rows = "j" if name == "rmatvec" else "i"
+    else:
+        literal = [p if not isinstance(p, tuple) else float(p[1]) if p[0] == "float" else None for p in args[1:]]
+        named = {k: v if not isinstance(v, tuple) else None for k, v in kwargs[1:]}
+        bound = inspect.signature(getattr(LazyTensor, name)).bind(None, *literal, **named)
+        bound.apply_defaults()
+        axis = bound.arguments.get("options", {}).get("axis")
+        rows = "i" if run.reduced_axis(bound.arguments["dim"] if axis is None else axis, 99) == "j" else "j"
+    leaves = list(_leaves(formula, False)) + [(a, k) for a, k in _leaves(args, False) if a != "tensor"]
+    if name in ("matmul", "matvec", "rmatvec", "softmax_weighted_sum", "logsumexp", "max_sumshiftexp", "solve"):
+        leaves += [(("i" if rows == "j" else "j"), k) for k in _tensors(args)]  # dense b, values or weights
+    shapes = [tensors[k].shape[:-1] if axis == "p" else tensors[k].shape[:-2] for axis, k in leaves
+              if axis != "tensor" and tensors[k].dim() >= (1 if axis == "p" else 3)]
+    batch = torch.broadcast_shapes(*shapes) if shapes else ()
+    size = next((tensors[k].shape[-2] for axis, k in leaves if axis == rows), 1)
+    shrunk = {k for axis, k in leaves if axis == rows} - {k for axis, k in leaves if axis != rows}
+    return tuple(batch), size, shrunk
+
+
+def _leading_call(node, tensors) -> tuple:
+    """``_leading`` for a named operator: the batch of its tensors, the rows of its first (queries, points)."""
+    _, _, _, args, kwargs = node
+    used = _tensors(node)
+    first = _tensors(args)[0]
+    batch = torch.broadcast_shapes(*[tensors[k].shape[:-2] for k in set(used) if tensors[k].dim() >= 3])
+    return tuple(batch), tensors[first].shape[-2], {first} if used.count(first) == 1 else set()
+
+
+def _leaves(node, flipped: bool):
+    """(axis, tensor position) of every variable of a formula record, transposes applied."""
+    if not isinstance(node, tuple):
+        return
+    if node[:2] == ("lazy", "var"):
+        axis = {"i": "j", "j": "i"}.get(node[2], node[2]) if flipped else node[2]
+        yield axis, node[3][1]
+        return
+    if node[0] == "tensor":
+        yield "tensor", node[1]
+        return
+    flip = flipped != (node[:3] == ("lazy", "call", "t"))
+    for part in node[1:]:
+        yield from _leaves(part, flip)
+
+
+def _tensors(node) -> list:
+    return [k for axis, k in _leaves(node, False) if axis == "tensor"]
+
+
+@torch.library.custom_op("lazytensor::reduce_backward", mutates_args=())
+def reduce_backward(key: str, tensors: list[torch.Tensor], grads: list[torch.Tensor | None],
+                    needs: list[bool]) -> list[torch.Tensor]:
+    """Cotangents ``grads`` of the outputs of ``reduce(key, tensors)`` pulled back to the ``needs``-ed tensors
+    through the engine's streamed backward (the forward pass recomputed); zeros for the others."""
+    with _autograd_back(), torch.enable_grad():
+        inputs = [t.detach().requires_grad_(need and t.is_floating_point()) for t, need in zip(tensors, needs)]
+        outs = _evaluated(key, inputs)
+        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+        wanted = [t for t in inputs if t.requires_grad]
+        got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+                   if pairs and wanted else [None] * len(wanted))
+    out = [next(got) if t.requires_grad else None for t in inputs]
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(out, tensors)]
+
+
+def _autograd_back():
+    """Autograd's dispatch keys, which an operator's kernel runs without, back on for the replay it differentiates."""
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    after = torch._C._after_ADInplaceOrView_keyset
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude - (exclude - after))
+
+
+@reduce_backward.register_fake
+def _(key, tensors, grads, needs):
+    return [torch.empty_like(t) for t in tensors]
+
+
+def _setup(ctx, inputs, output):
+    ctx.key, tensors = inputs
+    ctx.needs = [t.requires_grad for t in tensors]
+    ctx.save_for_backward(*tensors)
+
+
+def _backward(ctx, grads):
+    grads = torch.ops.lazytensor.reduce_backward(ctx.key, list(ctx.saved_tensors), list(grads), ctx.needs)
+    return None, [g if need else None for g, need in zip(grads, ctx.needs)]
+
+
+reduce.register_autograd(_backward, setup_context=_setup)

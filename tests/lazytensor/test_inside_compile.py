@@ -1,0 +1,85 @@
+"""Formulas inside a caller's torch.compile(fullgraph=True) and torch.export (lazytensor.library, issue 44).
+
+Each reduction is one ``lazytensor::reduce`` node: values and first gradients equal eager, no graph break,
+and an exported program with dynamic N and M runs on new sizes. Small sizes, one compile per test.
+"""
+import pytest
+import torch
+
+import lazytensor as lt
+from lazytensor import library
+
+torch.manual_seed(0)
+X, Y, B = (torch.randn(n, d, dtype=torch.float64) for n, d in ((30, 3), (40, 3), (40, 2)))
+G = torch.tensor(0.7, dtype=torch.float64)
+
+
+def _reductions(x, y, b, g):
+    K = (-0.5 * lt.Vi(x).sqdist(lt.Vj(y))).exp()
+    D = lt.Vi(x).sqdist(lt.Vj(y))
+    low, index = D.min_argmin(1)
+    return (K @ b, K.T @ x, (K * lt.Vi(x)).sum(0), (-lt.Pm(g) * D).logsumexp(1) * 2, (-D).softmax_weighted_sum(b, 1),
+            low, index, D.argkmin(3, 1), D.kmin(3, dim=1), D.quantile(0.3, 1), (lt.Vi(x) - lt.Vj(y)).abs().sum(-1).sum(1),
+            lt.where(D < 1.0, 1.0, lt.Vj(b).sum(-1)).sum(1), K @ b[:, 0], g * D @ b)
+
+
+def _named(x, y, b, g):
+    q = torch.stack([x[:16].reshape(2, 8, 3)] * 2, 1)
+    return (lt.rbf_matmul(x, y, b, 0.5), lt.rbf_matmul(x, y, b, g), lt.kernel_regression(x, y, b, 0.5),
+            lt.knn_regression(x, y, b, 3), lt.distance_sum(x, y), lt.distance_quantile(x, y, 0.3),
+            lt.attention(q, q.flip(2), q * 2, is_causal=True))
+
+
+def _check(fn):
+    """Compiled with fullgraph=True: no graph break, outputs and gradients of every float input as eager."""
+    torch._dynamo.reset()
+    eager_in = [t.clone().requires_grad_() for t in (X, Y, B, G)]
+    compiled_in = [t.clone().requires_grad_() for t in (X, Y, B, G)]
+    eager, compiled = fn(*eager_in), torch.compile(fn, fullgraph=True)(*compiled_in)
+    assert len(compiled) == len(eager)
+    for c, e in zip(compiled, eager):
+        assert c.shape == e.shape and c.dtype == e.dtype
+        torch.testing.assert_close(c, e)
+    loss = [sum(o.sin().sum() for o in outs if o.requires_grad) for outs in (eager, compiled)]
+    for c, e in zip(torch.autograd.grad(loss[1], compiled_in), torch.autograd.grad(loss[0], eager_in)):
+        torch.testing.assert_close(c, e)
+    assert torch._dynamo.explain(fn)(X, Y, B, G).graph_break_count == 0
+
+
+def test_every_reduction_compiles_in_one_graph_with_eager_values_and_gradients():
+    _check(_reductions)
+
+
+def test_named_operators_and_attention_compile_in_one_graph():
+    _check(_named)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_export_with_dynamic_sizes_holds_one_operator_per_reduction(strict):
+    class Model(torch.nn.Module):
+        def forward(self, x, y, b):
+            K = (-0.5 * lt.Vi(x).sqdist(lt.Vj(y))).exp()
+            return (K @ b).sin() + lt.Vi(x).sqdist(lt.Vj(y)).argkmin(2, 1).to(x.dtype).sum(-1, keepdim=True)
+
+    n, m = torch.export.Dim("N"), torch.export.Dim("M")
+    program = torch.export.export(Model(), (X, Y, B), dynamic_shapes=({0: n}, {0: m}, {0: m}), strict=strict)
+    ops = [node.target for node in program.graph.nodes if node.op == "call_function"]
+    assert ops.count(torch.ops.lazytensor.reduce.default) == 2
+    x, y, b = torch.randn(70, 3, dtype=torch.float64), torch.randn(55, 3, dtype=torch.float64), torch.randn(55, 2,
+                                                                                                           dtype=torch.float64)
+    torch.testing.assert_close(program.module()(x, y, b), Model()(x, y, b))
+
+
+def test_the_eager_path_builds_lazytensors_and_records_nothing():
+    assert type(lt.Vi(X)) is lt.LazyTensor and not library.recording()
+    key_tensors = []
+    key = library.encode(library.Deferred.call("lazy", X, "i").sqdist(library.Deferred.call("lazy", Y, "j")).exp(),
+                         key_tensors)
+    assert key_tensors == [X, Y] or all(a is b for a, b in zip(key_tensors, [X, Y]))
+    assert library.decode(key)[:3] == ("lazy", "call", "exp")
+
+
+def test_an_attribute_a_record_lacks_names_itself():
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="not available while a compiler traces"):
+        torch.compile(lambda x: lt.Vi(x).batch_shape, fullgraph=True)(X)
