@@ -1,8 +1,10 @@
 """KernelSolve: ``(K + alpha I) a = b`` for a streamed symmetric positive definite ``K_ij``, differentiable.
 
-This module only checks the call and hands it to ``solvers``: the solve is
-the fits' block conjugate gradient on the shifted operator, differentiated by
-their implicit adjoint (``solvers.formula_solve``). That late import, inside
+This module only checks the call and hands it to ``solvers``: the solve takes
+the estimators' route for its size (a direct factorization while K's matrix fits
+a memory budget, else block conjugate gradients with a Nystrom preconditioner on
+the streamed formula), differentiated by their implicit adjoint
+(``solvers.formula_solve``; its ``last_solve`` records the route). That late import, inside
 the call, is the one deliberate exception to the downward-only layering
 (DESIGN section 2): lazytensor imports without solvers, and ``solve`` raises
 an ImportError that says so when solvers is missing.
@@ -17,7 +19,7 @@ import torch
 from .lazy_tensor import LazyTensor
 from .variables import Variable, require_data, tensor_of_array
 
-SOLVE_OPTIONS = ("rtol", "atol", "maxiter", "backend", "chunk_size", "ranges")
+SOLVE_OPTIONS = ("rtol", "atol", "maxiter", "source", "backend", "chunk_size", "ranges")
 
 
 def _dense_rhs(b):
@@ -39,12 +41,16 @@ def _torch_formula(K: LazyTensor, ranges) -> LazyTensor:
 
 
 def kernel_solve(K: LazyTensor, b, alpha=1e-10, **options):
-    """Solve (K + alpha I) a = b by conjugate gradients; ``K`` a scalar N x N formula, ``b`` (N,), (N, C) or Vi(b).
+    """Solve (K + alpha I) a = b; ``K`` a scalar N x N formula, ``b`` (N,), (N, C) or Vi(b).
 
-    Options: ``rtol`` (relative residual, default 1e-4 in float32 and 1e-10 in
-    float64) and ``atol`` (absolute, default 0: a column stops at the larger),
-    ``maxiter``, and ``backend`` / ``chunk_size`` / ``ranges`` for the products.
-    A ``ConvergenceWarning`` says when CG stopped short.
+    ``source``: ``"auto"`` (default: ``"direct"``, a float64 Cholesky of the
+    formed matrix, while it takes at most ``solvers.formula_solve.SOLVE_MAX_BYTES``;
+    ``"streamed"`` preconditioned CG above), or one of ``"direct"``, ``"stored"``,
+    ``"streamed"``. Iterative routes take ``rtol`` (relative residual, default
+    1e-6 in float32 and 1e-10 in float64), ``atol`` (absolute, default 0: a
+    column stops at the larger) and ``maxiter``; ``backend`` / ``chunk_size`` /
+    ``ranges`` (which streams) go to the products. A ``ConvergenceWarning`` says
+    when CG stopped short.
     Differentiable in ``b``, ``alpha`` (a tensor) and K's tensors (first order).
     """
     unknown = sorted(set(options) - set(SOLVE_OPTIONS))

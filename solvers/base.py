@@ -35,7 +35,7 @@ except ImportError:  # scikit-learn is optional
     DataConversionWarning = UserWarning
 
 __all__ = ["Estimator", "NotFittedError", "ConvergenceWarning", "SOURCES", "AUTO_DIRECT_MAX_N", "AUTO_SPECTRAL_DIRECT_MAX_N",
-           "AUTO_STORED_MAX_BYTES"]
+           "AUTO_STORED_MAX_BYTES", "auto_source", "auto_rank"]
 
 SOURCES = ("auto", "streamed", "stored", "direct", "sharded")
 TILE_DTYPES = (None, torch.float32, torch.float64)
@@ -52,6 +52,22 @@ AUTO_DIRECT_MAX_N = 1280
 AUTO_SPECTRAL_DIRECT_MAX_N = 256
 AUTO_STORED_MAX_BYTES = 128 << 20
 AUTO_RANK_MAX = 2048  # the default preconditioner rank's cap (a float32 factor: 8 KiB per training point)
+
+
+def auto_source(n: int, m: int | None = None, itemsize: int = 8, *, direct_max_n: int, stored_max_bytes: int) -> str:
+    """``source="auto"``'s route for an ``n x m`` kernel (``m`` default ``n``) of ``itemsize``-byte entries: the
+    direct factorization up to ``direct_max_n`` points, the stored matrix while it takes at most
+    ``stored_max_bytes``, streamed above. The estimators' rule (``Estimator._resolve_source``) and
+    ``LazyTensor.solve``'s (:mod:`solvers.formula_solve`, with its own thresholds)."""
+    if n <= direct_max_n:
+        return "direct"
+    return "stored" if n * (n if m is None else m) * itemsize <= stored_max_bytes else "streamed"
+
+
+def auto_rank(n: int) -> int:
+    """The default Nystrom preconditioner rank: ``8 sqrt(n)``, a multiple of 64, at most ``AUTO_RANK_MAX`` (and
+    ``n``): there the preconditioner's O(n r^2) set-up and the passes it saves balance (docs/solvers.md)."""
+    return min(n, AUTO_RANK_MAX, max(64, 64 * round(8 * n**0.5 / 64)))
 
 
 class NotFittedError(*((_SkNotFittedError,) if _sklearn else (ValueError, AttributeError))):
@@ -384,7 +400,7 @@ class Estimator(_Base):
         ``AUTO_RANK_MAX``): there the preconditioner's O(n r^2) set-up and the passes it saves balance
         (measured in docs/solvers.md)."""
         if self.rank == "auto":
-            return min(n, AUTO_RANK_MAX, max(64, 64 * round(8 * n**0.5 / 64)))
+            return auto_rank(n)
         return min(n, int(self.rank))
 
     def _rtol(self, dtype: torch.dtype) -> float:
@@ -398,9 +414,7 @@ class Estimator(_Base):
         default ``n``) of ``itemsize``-byte entries: direct, stored within AUTO_STORED_MAX_BYTES, streamed."""
         if self.source != "auto":
             return self.source
-        if n <= self._auto_direct_max_n:
-            return "direct"
-        return "stored" if n * (n if m is None else m) * itemsize <= AUTO_STORED_MAX_BYTES else "streamed"
+        return auto_source(n, m, itemsize, direct_max_n=self._auto_direct_max_n, stored_max_bytes=AUTO_STORED_MAX_BYTES)
 
     def _tile_dtype(self, dtype: torch.dtype, preconditioner: bool) -> torch.dtype:
         """The dtype ``fast`` tiles are evaluated in: ``tile_dtype``, or by default float32 for float64

@@ -75,8 +75,10 @@ def test_solve_errors_and_convergence_warning():
         K.solve(torch.rand(10, 1, dtype=torch.float64), eps=1e-6)
     from solvers import ConvergenceWarning
 
-    with pytest.warns(ConvergenceWarning, match="did not converge"):
-        K.solve(torch.rand(10, 1, dtype=torch.float64), alpha=1e-10, maxiter=1)
+    with pytest.raises(ValueError, match="source"):
+        K.solve(torch.rand(10, 1, dtype=torch.float64), source="dense")
+    with pytest.warns(ConvergenceWarning, match="did not converge"):  # iterative routes only: direct ones do not iterate
+        K.solve(torch.rand(10, 1, dtype=torch.float64), alpha=1e-10, maxiter=1, source="streamed")
 
 
 def test_lazytensor_does_not_import_solvers_at_import_time():
