@@ -23,6 +23,7 @@ import sympy
 import torch
 
 from . import diff, ir, run, variables, vectors
+from .opaque import opaque
 from .reductions import named
 
 _FEATURES = ("features", -1)
@@ -75,7 +76,8 @@ class LazyTensor:
 
     # Inside a caller's torch.compile, Dynamo would trace sympy and the tile engine (17 s at the first call, then
     # 2 ms a call at 40 x 50, with two dozen warnings); as opaque calls (graph breaks) 2.2 s, then 0.66 ms.
-    @torch.compiler.disable
+    # ``opaque`` is ``torch.compiler.disable`` that leaves Dynamo unimported until the caller imports it.
+    @opaque
     def __init__(self, x, axis=None):
         if isinstance(x, LazyTensor):
             self.expr, self.variables, self.width, self.ranges = x.expr, x.variables, x.width, x.ranges
@@ -84,7 +86,7 @@ class LazyTensor:
 
     # -- construction -------------------------------------------------------
     @classmethod
-    @torch.compiler.disable
+    @opaque
     def _build(cls, make, *parents: "LazyTensor", width: int | None = None) -> "LazyTensor":
         """The formula ``make(*expressions)`` of the parents, their variables merged (``variables.aligned``).
 
@@ -227,10 +229,11 @@ class LazyTensor:
         return LazyTensor._build(make, self, as_lazy(modulus), as_lazy(offset))
 
     def clamp(self, low, high):
-        """min(max(self, low), high); bounds are numbers or formulas (as torch.clamp with tensor bounds)."""
+        """min(max(self, low), high); bounds are numbers, formulas or tensors read as the operators read them
+        (torch.clamp with tensor bounds; pykeops wraps tensor bounds too)."""
         for name, bound in (("low", low), ("high", high)):
-            if isinstance(bound, bool) or not isinstance(bound, (int, float, LazyTensor)):
-                raise TypeError(f"clamp: {name} must be a number or a LazyTensor, got {type(bound).__name__}")
+            if isinstance(bound, bool) or not isinstance(bound, (int, float, LazyTensor, torch.Tensor, np.ndarray)):
+                raise TypeError(f"clamp: {name} must be a number, a LazyTensor or a tensor, got {type(bound).__name__}")
         if isinstance(low, (int, float)) and isinstance(high, (int, float)) and low > high:
             raise ValueError(f"clamp expects low <= high, got low={low!r}, high={high!r}")
         lo, hi = as_lazy(low), as_lazy(high)

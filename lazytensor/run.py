@@ -19,6 +19,7 @@ import torch
 
 from . import autograd, cluster, distributed, engine, ir, precision, variables
 from .kept import Kept
+from .opaque import opaque
 from .plan import check_chunk_size, check_ranges
 from .reductions import named
 
@@ -52,7 +53,7 @@ def check_options(options: dict) -> None:
         raise ValueError(f"sum_scheme must be one of {list(SUM_SCHEMES)}, got {options['sum_scheme']!r}")
 
 
-@torch.compiler.disable  # opaque to a caller's torch.compile (see LazyTensor.__init__)
+@opaque  # opaque to a caller's torch.compile (see LazyTensor.__init__ and lazytensor.opaque)
 def run(source, requests: list, axis: str, options: dict) -> list:
     """Each ``(name, argument)`` of ``requests`` reduced over ``axis`` in one pass over ``source``'s tiles.
 

@@ -14,6 +14,7 @@ import torch
 
 import lazytensor as lt
 from lazytensor import cluster
+from lazytensor.keops import torch as kt
 
 
 # -- clamp(x, a, b) with LazyTensor bounds: torch's values and gradients, also where a > b and at ties --------
@@ -46,6 +47,68 @@ def test_clamp_with_number_bounds_as_keops_test():
     grads = [torch.autograd.grad((out**2).sum(), x)[0] for out in (lazy, dense)]
     torch.testing.assert_close(*grads, rtol=1e-4, atol=1e-4)  # float32 sums of 60 terms (KeOps allows 1e-3 / 1e-2)
 
+
+
+# keopscore's test_op protocol (300 i-rows, 500 j-rows, D = 3, float64): x.clamp(a, b) in KeOps's layout and as Vi / Vj,
+# through pykeops's and lazytensor's LazyTensor, bounds as i-, j- or parameter variables with D or one feature. Issue 42's
+# RuntimeError ("output with shape [300, 1, 3] doesn't match the broadcast shape [300, 500, 3]") is torch.clamp's own
+# backward, the dense twin's: it fails whenever x and one bound broadcast to less than the output (torch 2.13), so the
+# reference is torch.minimum / maximum for values and torch.clamp's gradient rule written out (the masks below, which
+# equal torch.clamp's gradients wherever it runs, ties included). "grid" data (halves in [-1.5, 1.5]) ties x with the
+# bounds and lo with hi on many pairs; "normal" data has lo > hi on about half of them.
+def _clamp_operand(t, axis, spelling):
+    """``t`` ((rows, D), or (D,) for a parameter) as a LazyTensor of that spelling, and as its dense broadcast twin."""
+    dense = t if axis == "p" else (t[:, None, :] if axis == "i" else t[None, :, :])
+    if spelling == "vivj":
+        return {"i": lt.Vi, "j": lt.Vj, "p": lt.Pm}[axis](t), dense
+    return (kt.LazyTensor if spelling == "pykeops" else lt.LazyTensor)(dense), dense
+
+
+def _dense_clamp_grads(x, lo, hi, w):
+    """torch.clamp's vector-Jacobian product for cotangent ``w``, each reduced to its input's broadcast shape."""
+    masks = ((x >= lo) & (x <= hi), (x < lo) & (lo < hi), (x > hi) | (hi < lo))
+    return [(w * m).sum_to_size(t.shape) for m, t in zip(masks, (x, lo, hi))]
+
+
+@pytest.mark.parametrize("data", ["normal", "grid"])
+@pytest.mark.parametrize("bound_features", [3, 1])
+@pytest.mark.parametrize("axes", ["ijj", "iji", "jii", "ijp", "ipj"])
+@pytest.mark.parametrize("spelling", ["pykeops", "lazytensor", "vivj"])
+def test_clamp_with_variable_bounds_in_every_layout_follows_torch(spelling, axes, bound_features, data):
+    rows = {"i": 300, "j": 500}
+    shapes = [(rows[a], f) if a != "p" else (f,) for a, f in zip(axes, (3, bound_features, bound_features))]
+    draw = (lambda s: torch.randn(s, dtype=torch.float64)) if data == "normal" else (
+        lambda s: torch.randint(-3, 4, s, dtype=torch.float64) / 2)
+    leaves = [draw(shape).requires_grad_() for shape in shapes]
+    (X, xd), (A, ad), (B, bd) = (_clamp_operand(t, a, spelling) for t, a in zip(leaves, axes))
+    lazy = X.clamp(A, B).sum(1)
+    dense = torch.minimum(torch.maximum(xd, ad), bd).expand(300, 500, 3)
+    torch.testing.assert_close(lazy, dense.sum(1), rtol=1e-12, atol=1e-10)
+    w = torch.rand(300, 3, dtype=torch.float64)
+    want = _dense_clamp_grads(xd, ad, bd, w[:, None, :].expand(300, 500, 3))
+    for got, ref, leaf in zip(torch.autograd.grad((lazy * w).sum(), leaves), want, leaves):
+        torch.testing.assert_close(got, ref.reshape(leaf.shape), rtol=1e-12, atol=1e-10)
+
+
+def test_dense_clamp_gradient_rule_is_torch_clamps():
+    # where torch.clamp's backward runs (x and both bounds broadcast to the output), the written-out rule is its own
+    x, lo, hi = (torch.randint(-3, 4, s, dtype=torch.float64).div(2).requires_grad_() for s in ((6, 1, 3), (1, 7, 3), (1, 7, 1)))
+    w = torch.rand(6, 7, 3, dtype=torch.float64)
+    for got, ref in zip(_dense_clamp_grads(x, lo, hi, w), torch.autograd.grad((torch.clamp(x, lo, hi) * w).sum(), (x, lo, hi))):
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("flavour", [kt.LazyTensor, lt.LazyTensor])
+def test_clamp_takes_tensor_bounds_as_pykeops_does(flavour):
+    # pykeops's ternary operations wrap tensors (here (1, M, D): j-variables); the operators here already did.
+    x, lo, hi = (torch.randn(n, 3, dtype=torch.float64, requires_grad=True) for n in (30, 40, 40))
+    lazy = flavour(x[:, None, :]).clamp(lo[None] - 0.5, hi[None] + 0.5).sum(1)
+    dense = torch.clamp(x[:, None, :], lo[None] - 0.5, hi[None] + 0.5).sum(1)
+    torch.testing.assert_close(lazy, dense)
+    for got, ref in zip(torch.autograd.grad(lazy.sum(), (x, lo, hi)), torch.autograd.grad(dense.sum(), (x, lo, hi))):
+        torch.testing.assert_close(got, ref)
+    with pytest.raises(TypeError, match="clamp: low"):
+        flavour(x[:, None, :]).clamp("0", 1.0)
 
 # -- sinc / sinxdivx near 0: derivatives to float accuracy, against exact ones ----------------------------
 def exact_derivative(f, v: float, order: int) -> float:
