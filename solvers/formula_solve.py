@@ -3,7 +3,7 @@
 lazytensor's ``kernel_solve`` checks its arguments and calls :func:`solve_shifted`
 through the one deliberate late import of the code base (DESIGN section 2):
 the solve belongs with the Krylov methods. It is the estimators' machinery, route
-included (:func:`~solvers.base.auto_source`, with this module's thresholds):
+included (:func:`~solvers.auto.auto_source`, with this module's thresholds):
 
 * ``"direct"`` while K's float64 matrix takes at most :data:`SOLVE_MAX_BYTES`: the
   matrix formed by lazytensor identity products (in float64 whatever K's dtype),
@@ -12,7 +12,7 @@ included (:func:`~solvers.base.auto_source`, with this module's thresholds):
   matrix kept, block CG with a Nystrom preconditioner on it;
 * ``"streamed"`` above the budget: block CG on the streamed formula with a
   Nystrom preconditioner (randomly pivoted Cholesky of K's columns, rank
-  :func:`~solvers.base.auto_rank`); float32 formulas refine against float64
+  :func:`~solvers.auto.auto_rank`); float32 formulas refine against float64
   passes. Nothing n x n is formed.
 
 Gradients on every route come from :func:`~solvers.implicit.implicit`: one adjoint
@@ -31,7 +31,7 @@ import torch
 import lazytensor as lt
 from lazytensor.variables import Variable
 
-from .base import ConvergenceWarning, auto_rank, auto_source
+from .auto import auto_rank, auto_source
 from .implicit import implicit, requires_grad
 from .kernels import COLUMN_BLOCK
 from .krylov import KrylovInfo, cg
@@ -162,7 +162,7 @@ class FormulaMatrix(Source):
 
 def choose_route(n: int, source: str = "auto", ranges=None) -> tuple[str, str]:
     """``(route, why)`` for an n x n solve: ``source`` as asked, or for ``"auto"`` the estimators' rule
-    (:func:`~solvers.base.auto_source`) with this module's budget; block sparsity (``ranges``) streams."""
+    (:func:`~solvers.auto.auto_source`) with this module's budget; block sparsity (``ranges``) streams."""
     if source not in ROUTES:
         raise ValueError(f"solve: source must be one of {ROUTES}, got {source!r}")
     if ranges is not None:
@@ -213,6 +213,8 @@ def _iterative(route: str, A: FormulaMatrix, shift: float, preconditioned: bool,
                      exact=None if check is None else Shifted(check, shift))
         X = X.to(R.dtype)
         if not info.converged:
+            from .base import ConvergenceWarning  # here, not at the top: base imports scikit-learn (~1.6 s)
+
             worst = float((info.residuals / R.norm(dim=0).clamp_min(1e-300)).max())
             warnings.warn(f"LazyTensor.solve: conjugate gradient did not converge{what} ({info.reason}, relative "
                           f"residual {worst:.2e}, rtol {rtol:g}, atol {atol:g})", ConvergenceWarning, stacklevel=6)
