@@ -30,6 +30,7 @@ import torch
 from torch.autograd import forward_ad
 
 from . import diff, engine, ir
+from .opaque import tracing
 from .problem import Problem
 from .reductions import Sum
 from .reductions.softmax import SoftmaxSum
@@ -180,7 +181,7 @@ def _differentiated(tensors) -> bool:
     outside the autograd function, whose ``apply`` costs ~0.1 ms a call (it binds the forward's
     signature with ``inspect`` each time): most of a small problem's reduction."""
     return ((torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or forward_ad._current_level >= 0
-            or torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling())
+            or torch._C._are_functorch_transforms_active() or tracing())
 
 
 # -- collectors: what reductions ask for while differentiating ------------------------------

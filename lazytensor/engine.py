@@ -25,6 +25,7 @@ import torch
 
 from . import allocator, compile, ir, lower, threads
 from .kept import Kept
+from .opaque import tracing
 from .plan import TilePlan, plan_tiles, tile_schedule
 from .problem import Problem
 
@@ -51,7 +52,7 @@ def _functorch_active() -> bool:
 def use_compiled(backend: str, problem: Problem, formula_key=None) -> bool:
     """Whether a pass without a tier switch runs compiled tiles ("auto": once the formula's eager time paid for it)."""
     check_backend(backend)
-    if backend == "eager" or not compile.compile_available() or torch.compiler.is_compiling() or _functorch_active():
+    if backend == "eager" or not compile.compile_available() or tracing() or _functorch_active():
         return False
     if backend == "compiled":
         return True

@@ -11,6 +11,8 @@ import tempfile
 
 import torch
 
+from .opaque import tracing
+
 # Kernels read the thread count when they run, not when they were compiled: a pass on a busy
 # machine uses fewer threads (threads.pass_threads) without a recompile.
 COMPILE_OPTIONS = {"cpp.dynamic_threads": True}
@@ -88,7 +90,7 @@ def tile_exp(t: torch.Tensor) -> torch.Tensor:
     (1.2e-38, x < -87.34) are 0 instead of subnormal, as under flush-to-zero.
     Elsewhere (float64, GPU, eager tiles): ``torch.exp``.
     """
-    if not (torch.compiler.is_compiling() and t.dtype == torch.float32 and t.device.type == "cpu"):
+    if not (tracing() and t.dtype == torch.float32 and t.device.type == "cpu"):
         return torch.exp(t)
     k = torch.floor(t * _LOG2E + 0.5)
     r = t - k * _LN2_HI - k * _LN2_LO

@@ -23,7 +23,7 @@ import sympy
 import torch
 
 from . import diff, ir, run, variables, vectors
-from .opaque import opaque
+from .opaque import opaque, tracing
 from .reductions import named
 
 _FEATURES = ("features", -1)
@@ -542,7 +542,7 @@ def lazy(t, axis) -> LazyTensor:
     """Wrap ``t`` as an "i"- or "j"-indexed variable ((N, D) or (*batch, N, D)) or a parameter ("p": (D,) or (*batch, D))."""
     if not isinstance(t, (torch.Tensor, np.ndarray)):
         raise TypeError(f"lazy expects a torch.Tensor or a NumPy array, got {type(t).__name__}")
-    if torch.compiler.is_compiling() and (recorded := _recorded("lazy", t, variables.axis_name(axis))) is not None:
+    if tracing() and (recorded := _recorded("lazy", t, variables.axis_name(axis))) is not None:
         return recorded
     return LazyTensor(t, variables.axis_name(axis))
 
@@ -565,7 +565,7 @@ def Vj(t) -> LazyTensor:
 def Pm(t) -> LazyTensor:
     """A parameter (scalar, (D,) or batched (*batch, D) tensor); a Python number follows the formula's dtype."""
     if isinstance(t, (int, float)) and not isinstance(t, bool):
-        if torch.compiler.is_compiling() and (recorded := _recorded("Pm", t)) is not None:
+        if tracing() and (recorded := _recorded("Pm", t)) is not None:
             return recorded
         return LazyTensor([t])
     return lazy(t, "p")
@@ -573,7 +573,7 @@ def Pm(t) -> LazyTensor:
 
 def where(cond: LazyTensor, a, b) -> LazyTensor:
     """Elementwise choice: ``a`` where ``cond`` holds, else ``b``."""
-    if torch.compiler.is_compiling() and (recorded := _recorded("where", cond, a, b)) is not None:
+    if tracing() and (recorded := _recorded("where", cond, a, b)) is not None:
         return recorded
     cond, a, b = as_lazy(cond), as_lazy(a), as_lazy(b)
     return LazyTensor._build(lambda c, x, y: ir.Select(ir.condition(c), ir.numeric(x), ir.numeric(y)), cond, a, b)

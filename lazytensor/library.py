@@ -2,7 +2,7 @@
 
 Why: building a formula is sympy work that Dynamo cannot usefully trace, and the engine's tile loop
 and its caches cannot take symbolic sizes; as opaque calls (``torch.compiler.disable``) they break
-the caller's graph. So while a compiler traces (``torch.compiler.is_compiling()``, also under
+the caller's graph. So while a compiler traces (``tracing()``, also under
 ``torch.export``), ``Vi`` / ``Vj`` / ``Pm`` / ``lazy`` / ``where`` return a ``Deferred``: a plain
 record of the calls made on it, cheap for Dynamo to trace. A reduction turns the record into a key,
 a Python literal in which every tensor is its position in one list, and calls
@@ -26,6 +26,7 @@ import torch
 
 from . import lazy_tensor, ops, run
 from .lazy_tensor import LazyTensor
+from .opaque import tracing
 
 # Methods of a formula that reduce it (the rest return formulas); sum, min, ... over the feature axis are formulas.
 REDUCTIONS = {"sum", "logsumexp", "max_sumshiftexp", "softmax_weighted_sum", "min", "argmin", "min_argmin", "max",
@@ -36,12 +37,12 @@ OPERATORS = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__"
              "__pow__", "__rpow__", "__neg__", "__abs__", "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__",
              "__or__", "__ror__", "__getitem__", "__matmul__")
 NAMED_OPERATORS = ("distance_sum", "rbf_matmul", "distance_quantile", "kernel_regression", "knn_regression", "attention")
-_replaying = [0]  # > 0 while a record is replayed (non-strict export traces the replay with is_compiling() true)
+_replaying = [0]  # > 0 while a record is replayed (non-strict export traces the replay with tracing() true)
 
 
 def recording() -> bool:
     """Whether formulas are recorded: a compiler traces, and no record is being replayed."""
-    return torch.compiler.is_compiling() and not _replaying[0]
+    return tracing() and not _replaying[0]
 
 
 def named_operator(name: str, args: tuple, kwargs: dict):

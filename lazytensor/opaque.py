@@ -1,4 +1,4 @@
-"""``opaque``: ``torch.compiler.disable`` without importing Dynamo until a compiler exists.
+"""``opaque``: ``torch.compiler.disable`` without importing Dynamo until a compiler exists; ``tracing``: whether one traces.
 
 Building a formula and running a reduction must stay opaque to a caller's ``torch.compile`` (Dynamo
 tracing sympy and the tile engine took 17 s at the first call, with two dozen warnings; as graph breaks
@@ -48,6 +48,15 @@ def opaque(fn):
     call._torchdynamo_disable_msg = "lazytensor formulas and reductions are opaque to torch.compile"
     call._torchdynamo_orig_callable = fn  # Dynamo guards on fn, as for its own disable wrappers
     return call
+
+
+def tracing() -> bool:
+    """Whether a compiler traces this call: Dynamo (which reads this as True in its trace) or ``torch.export``.
+
+    Not ``torch.compiler.is_compiling()``: its flag is the process's, set for as long as any thread
+    compiles, so the eager tiles of a caller whose kernel compiled in a background thread took the
+    traced branches meanwhile, and its formulas were recorded as if traced (``library``)."""
+    return torch.compiler.is_dynamo_compiling() or torch.compiler.is_exporting()
 
 
 if not _skip_frames_of(opaque(lambda: None).__code__):  # every wrapper shares this code object

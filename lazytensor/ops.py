@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from . import distributed, precision
 from .attention import streamed_attention
 from .lazy_tensor import Pm, Vi, Vj
+from .opaque import tracing
 from .reductions.quantile import quantile_ranks
 
 IMPLS = ("streamed", "dense")
@@ -35,7 +36,7 @@ def _one_operator(function):
     """While a compiler traces, a streamed operator is one ``lazytensor::reduce`` node (``lazytensor.library``)."""
     @functools.wraps(function)
     def named(*args, **kwargs):
-        if torch.compiler.is_compiling() and kwargs.get("impl", "streamed") == "streamed":
+        if tracing() and kwargs.get("impl", "streamed") == "streamed":
             from . import library
 
             if library.recording():

@@ -30,6 +30,8 @@ import math
 import sympy
 import torch
 
+from ..opaque import tracing
+
 
 def masked(t, mask: torch.Tensor, fill: float) -> torch.Tensor:
     """A lowered value broadcast to the tile with padded positions set to ``fill``.
@@ -47,7 +49,7 @@ def masked(t, mask: torch.Tensor, fill: float) -> torch.Tensor:
 def maybe_padded(mask: torch.Tensor) -> bool:
     """Whether a tile may have padded positions: always when compiled (one kernel serves every
     tile), else unless ``mask`` is all ones, as the engine marked it (``engine._valid``) or the tensor says."""
-    if torch.compiler.is_compiling():
+    if tracing():
         return True
     known = getattr(mask, "unpadded", None)
     return not (bool(mask.all()) if known is None else known)

@@ -36,6 +36,7 @@ import sympy
 import torch
 
 from .. import engine, ir
+from ..opaque import tracing
 from ..problem import Problem
 from .base import Consumer, Reduction, channels_at_selection, is_nan, masked, maybe_padded, ordered_keys, padded, select_channels
 from .selection import smallest
@@ -151,7 +152,7 @@ class Candidates(_PerTarget):
         keys = ordered_keys(f)
         real = ~is_nan(f)
         inside = (keys >= low) & (keys <= high) & real
-        if torch.compiler.is_compiling():  # fixed shapes; NaN sorts last, so outsiders are never picked
+        if tracing():  # fixed shapes; NaN sorts last, so outsiders are never picked
             count = inside.sum(3)
             best, where = padded(*smallest(torch.where(inside, f, math.nan).transpose(2, 3),
                                            min(CANDIDATES + 1, f.shape[3])), CANDIDATES + 1)

@@ -5,6 +5,7 @@ import sympy
 import torch
 
 from .. import ir
+from ..opaque import tracing
 from .base import Reduction, column_side, masked, row_side
 
 # A compiled tile sums products with at most this many bytes of weights per row as a reduction fused into the
@@ -18,7 +19,7 @@ FUSED_PRODUCT_BYTES = 32
 
 def narrow(matrix: torch.Tensor, columns: int) -> bool:
     """Whether a compiled tile forms ``matrix @ W`` with ``columns`` weight columns as a fused reduction."""
-    return torch.compiler.is_compiling() and columns * matrix.element_size() <= FUSED_PRODUCT_BYTES
+    return tracing() and columns * matrix.element_size() <= FUSED_PRODUCT_BYTES
 
 
 def tile_product(matrix: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

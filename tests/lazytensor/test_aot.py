@@ -161,6 +161,7 @@ def test_cuda_kernels_are_built_aside_and_loaded_on_their_device(monkeypatch):
     """The route a GPU takes, checked on the CPU: which devices build aside, the accelerator's compile rule,
     and the device index a package is loaded for (the loader is a stand-in)."""
     monkeypatch.setenv("LAZYTENSOR_COMPILE_ASIDE", "process")
+    monkeypatch.setattr(compile, "COMPILE_AFTER_SECONDS", 1.0)  # the default (tests before may have set another)
     assert aot.available(torch.device("cuda")) and aot.available(torch.device("cpu"))
     assert not aot.available(torch.device("mps"))
     assert compile.compile_after(torch.device("cuda", 0)) == compile.ACCELERATOR_COMPILE_AFTER_SECONDS == 0.0

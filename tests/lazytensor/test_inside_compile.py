@@ -83,3 +83,22 @@ def test_an_attribute_a_record_lacks_names_itself():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="not available while a compiler traces"):
         torch.compile(lambda x: lt.Vi(x).batch_shape, fullgraph=True)(X)
+
+
+def test_a_compile_in_another_thread_records_nothing_here():
+    """torch.compiler.is_compiling() is the process's flag, set while any thread compiles: a caller's eager
+    formulas built meanwhile were recorded (a Deferred) and failed; ``opaque.tracing`` asks Dynamo itself."""
+    import threading
+
+    def compile_aside():
+        torch.compile(lambda t: (t.sin() * 2).cos().exp().sum(), fullgraph=True, dynamic=False)(torch.randn(123))
+
+    thread = threading.Thread(target=compile_aside)
+    thread.start()
+    built = []
+    while thread.is_alive():
+        built.append(type(lt.Vi(X)).__name__)
+        K = (-0.5 * lt.Vi(X).sqdist(lt.Vj(Y))).exp()
+        torch.testing.assert_close(K @ B, torch.exp(-0.5 * torch.cdist(X, Y) ** 2) @ B)
+    thread.join()
+    assert built and set(built) == {"LazyTensor"}
