@@ -12,7 +12,7 @@ that finds it starts compiled at its first call. The child costs the caller
 neither the GIL nor memory, and only the CPU time nothing else wants.
 
 A build belongs to the process that asked for it. The child leads a process
-group of its own (itself and its compilers); the caller ends that group when
+group of its own (itself and its compilers, in the caller's session); the caller ends that group when
 it exits (``stop_builds``, from ``compile``'s exit hook), and the kernel
 ends the child when the caller dies without exiting (a signal:
 ``PR_SET_PDEATHSIG``), which then ends its group. Scripts run one after
@@ -112,8 +112,12 @@ def stop_builds() -> None:
 
 
 def _end(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+    """The build and its compilers; the child alone if it has not made its group yet."""
+    try:
         os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
 
 
 def available(device: torch.device) -> bool:
@@ -240,7 +244,7 @@ def _run_child(job: Path, outranked: Callable[[], bool]):
     env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
     proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(job), str(os.getpid())], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True)
     _CHILDREN.add(proc)
     deadline = time.monotonic() + BUILD_TIMEOUT_SECONDS
     try:
@@ -261,9 +265,13 @@ def _run_child(job: Path, outranked: Callable[[], bool]):
 _EXPORT_FAILED = 3
 # The child lowers its priority before it imports anything (torch's import is seconds of CPU): SCHED_IDLE, so
 # that any runnable task of the caller preempts it at once, where the platform has it; nice 19 everywhere.
-# It asks the kernel for SIGTERM when its parent dies (Linux's PR_SET_PDEATHSIG, prctl option 1), and
-# answers SIGTERM by ending its process group: itself and the compilers it started.
+# It leads a process group of its own (itself and the compilers it starts) in the caller's session: a
+# session of its own (setsid) is a scheduling group of its own under Linux's autogroup, which shares the
+# CPU with the caller's as an equal whatever the child's policy (eager passes ran 5x slower during a
+# build). It asks the kernel for SIGTERM when its parent dies (Linux's PR_SET_PDEATHSIG, prctl option
+# 1), and answers SIGTERM by ending its process group.
 _CHILD = """import contextlib, os, signal, sys
+os.setpgid(0, 0)
 with contextlib.suppress(OSError, AttributeError):
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 os.nice(19)
