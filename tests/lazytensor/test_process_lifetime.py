@@ -30,7 +30,9 @@ print("building" if building() else "not building", flush=True)
 if sys.argv[1] == "process":  # the build leads its own group (its compilers) in this session (one autogroup)
     import os
     child = next(iter(aot._CHILDREN)).pid
-    time.sleep(0.5)  # it makes its group first thing
+    deadline = time.monotonic() + 60
+    while os.getpgid(child) != child and time.monotonic() < deadline:  # it makes its group first thing
+        time.sleep(0.02)
     print(os.getsid(child) == os.getsid(0), os.getpgid(child) == child, flush=True)
 if sys.argv[2] == "wait":
     time.sleep(600)
