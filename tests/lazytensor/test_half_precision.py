@@ -44,8 +44,7 @@ def test_generic_reductions_accumulate_in_float32(name, dtype):
     got = reduce(-0.5 * lt.Vi(x).sqdist(lt.Vj(y)), b)
     want = reduce(-0.5 * lt.Vi(x.float()).sqdist(lt.Vj(y.float())), b.float())
     assert_rounded_once(got, want, dtype)
-    eager = REDUCTIONS[name](-0.5 * lt.Vi(x).sqdist(lt.Vj(y)), b) if name == "matmul" else None
-    if eager is not None:  # the tile sizes do not move the answer either
+    if name == "matmul":  # many small tiles do not move the answer either
         tiled = (lt.Vi(x).sqdist(lt.Vj(y)) * -0.5).exp().matmul(b, backend="eager", chunk_size=TILES)
         assert_rounded_once(tiled, want, dtype)
 
