@@ -23,6 +23,9 @@ Nothing N x M is saved or built.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 from dataclasses import dataclass
 
 import sympy
@@ -51,6 +54,7 @@ class Pass:
     chunk_size: object
     ranges: object = None  # block-sparse: the (row block, column block) pairs to visit
     sharding: object = None  # lazytensor.distributed.Sharding: the j axis is this rank's shard
+    given: tuple | None = None  # the pass's flat outputs, computed before (``Tape``): nothing to run
 
     @property
     def options(self) -> dict:
@@ -69,6 +73,8 @@ class Pass:
 
 
 def _run(spec: Pass, tensors, problem: Problem | None = None) -> list[tuple]:
+    if spec.given is not None:
+        return spec.split([t.detach() for t in spec.given])
     problem = spec.problem(tensors) if problem is None else problem
     single = [r for r in spec.reductions if r.single_pass]
     options = spec.options
@@ -82,7 +88,7 @@ class Streamed(torch.autograd.Function):
 
     @staticmethod
     def forward(spec: Pass, *tensors):
-        return tuple(t for outs in _run(spec, tensors) for t in outs)
+        return tuple(t for outs in _run(spec, tensors) for t in outs)  # detached when given: autograd owns its outputs
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -109,7 +115,7 @@ class Streamed(torch.autograd.Function):
     def backward(ctx, *grads):
         spec, problem, outs = Streamed._saved(ctx)
         wanted = [s for s, need in zip(spec.order, ctx.needs_input_grad[1:]) if need]
-        collector = Backward(problem, wanted, spec.options)
+        collector = Backward(problem, wanted, spec.options, spec.reductions)
         for reduction, o, g in zip(spec.reductions, outs, spec.split(grads)):
             g = tuple(gi if flag else None for gi, flag in zip(g, reduction.differentiable))
             if wanted and any(gi is not None for gi in g):
@@ -121,7 +127,7 @@ class Streamed(torch.autograd.Function):
     def jvp(ctx, *tangents):
         spec, problem, outs = Streamed._saved(ctx)
         given = {s: t for s, t in zip(spec.order, tangents[1:]) if t is not None}
-        collector = Forward(problem, given, spec.options)
+        collector = Forward(problem, given, spec.options, spec.reductions)
         finish = [reduction.jvp(collector, o) for reduction, o in zip(spec.reductions, outs)]
         results = collector.run()
         flat = []
@@ -162,17 +168,76 @@ def reduce(problem: Problem, reductions, backend: str = "auto", chunk_size=None,
     (``Reduction.over_nothing``), also in every derivative pass; with a
     ``sharding`` the j axis is this rank's shard and the outputs are the full results.
     """
-    spec = Pass(problem.info, tuple(problem.order), tuple(reductions), engine.check_backend(backend), chunk_size,
-                ranges, sharding)
     tensors = [problem.tensors[s] for s in problem.order]
+    tape = _TAPE.get()
+    given = tape.take(reductions, tensors, ranges) if tape is not None else None
+    spec = Pass(problem.info, tuple(problem.order), tuple(reductions), engine.check_backend(backend), chunk_size,
+                ranges, sharding, given)
     if _differentiated(tensors):
         outs = spec.split(Streamed.apply(spec, *tensors))
     else:  # the problem as it is (outside the function, which takes tensors)
         outs = _run(spec, tensors, problem)
+    if tape is not None and given is None:
+        tape.write(reductions, tensors, ranges, outs)
     if ranges is None:
         return outs
     kept = ranges.kept(problem.device)  # sums over i (backward passes) need none: a column kept by no row stays 0
     return [o if r.reduced_axis == "i" or not r.single_pass else r.over_nothing(o, kept) for r, o in zip(reductions, outs)]
+
+
+class Tape:
+    """The outputs of a call's passes, handed back when the same call runs again.
+
+    Why: ``lazytensor.library``'s operator reduces without autograd, and its
+    backward replays the call with gradients on to reach the engine's
+    streamed backward. Played back, each pass of that replay takes the
+    outputs its first run computed (``Pass.given``) instead of running, so
+    the backward costs its own pass only, as eagerly. A pass is matched by
+    its reductions' structure and its tensors' shapes and dtypes; the first
+    that does not match ends the tape (the rest is computed), and a call of
+    more than ``LIMIT`` passes (a solver's iterations) keeps none.
+    """
+
+    LIMIT = 8
+
+    def __init__(self):
+        self.passes: list | None = []
+        self.playing = False
+
+    @contextlib.contextmanager
+    def recording(self, playing: bool = False):
+        """Record the passes run inside (``playing``: hand the recorded ones back instead)."""
+        self.playing, at = playing, self.passes
+        token = _TAPE.set(self)
+        try:
+            yield self
+        finally:
+            _TAPE.reset(token)
+            if playing:
+                self.passes = at  # played again by the next backward (retain_graph, double calls)
+
+    @staticmethod
+    def _key(reductions, tensors, ranges) -> tuple:
+        structure = tuple((type(r), getattr(r, "signature", None), tuple(getattr(r, "expressions", ()))) for r in reductions)
+        return structure, tuple((t.shape, t.dtype, t.device) for t in tensors), ranges is None
+
+    def write(self, reductions, tensors, ranges, outs) -> None:
+        if self.playing or self.passes is None:
+            return
+        self.passes.append((self._key(reductions, tensors, ranges), tuple(t for o in outs for t in o)))
+        if len(self.passes) > self.LIMIT:
+            self.passes = None
+
+    def take(self, reductions, tensors, ranges) -> tuple | None:
+        """The next recorded pass's flat outputs when it is this pass, else None (and the tape ends)."""
+        if not self.playing or not self.passes:
+            return None
+        (key, outs), *rest = self.passes
+        self.passes = rest if key == self._key(reductions, tensors, ranges) else None
+        return outs if self.passes is not None else None
+
+
+_TAPE: contextvars.ContextVar[Tape | None] = contextvars.ContextVar("lazytensor_tape", default=None)
 
 
 def _differentiated(tensors) -> bool:
@@ -186,15 +251,21 @@ def _differentiated(tensors) -> bool:
 
 # -- collectors: what reductions ask for while differentiating ------------------------------
 class _Collector:
-    def __init__(self, problem: Problem, options: dict):
+    def __init__(self, problem: Problem, options: dict, reductions=()):
         self.problem, self.options, self.sharding = problem, options, options["sharding"]
         self.extra: dict[sympy.Symbol, tuple[torch.Tensor, str]] = {}
         self.info = dict(problem.info)
         self.softmaxes: dict = {}  # placeholder symbol -> reductions.softmax.Softmax
+        self._next = 1 + max([ir.derived_index(s) for s in problem.info] + [_last_derived(r) for r in reductions] + [-1])
+
+    def fresh(self) -> sympy.Symbol:
+        """A new symbol of this pass's formulas, after every derived symbol its problem and reductions hold."""
+        self._next += 1
+        return ir.derived_symbol(self._next - 1)
 
     def variable(self, tensor: torch.Tensor, axis: str) -> sympy.Symbol:
         """A tensor (a cotangent, a saved output) as a new variable of the derivative formulas."""
-        sym = ir.new_variable_symbol()
+        sym = self.fresh()
         self.extra[sym] = (tensor, axis)
         self.info[sym] = ir.VarInfo(axis, tensor.shape[-1])
         return sym
@@ -222,10 +293,17 @@ class _Collector:
         return index.clamp(0, max(m - 1, 0)), mine
 
 
+@functools.lru_cache(maxsize=4096)
+def _last_derived(reduction) -> int:
+    """The highest derived symbol a reduction's formulas hold (a derivative pass's: its softmax placeholders too)."""
+    symbols = set().union(*[e.free_symbols for e in getattr(reduction, "expressions", ())], getattr(reduction, "softmaxes", ()))
+    return max([ir.derived_index(s) for s in symbols] + [-1])
+
+
 _PAIRS = dict(backend="eager", ranges=None, sharding=None)  # a pair problem: local, one column, every pair
 
 
-def _pairs(problem: Problem, index: torch.Tensor) -> tuple[Problem, int]:
+def _pairs(problem: Problem, index: torch.Tensor, column: sympy.Symbol) -> tuple[Problem, int]:
     """A problem whose rows are the pairs (i, index[i, s]): every variable i-indexed, j of size 1.
 
     Reducing over its one column evaluates a formula on the selected pairs;
@@ -242,7 +320,6 @@ def _pairs(problem: Problem, index: torch.Tensor) -> tuple[Problem, int]:
             t = torch.gather(t.expand(batch, -1, -1), 1, flat.expand(-1, -1, t.shape[-1]))
         info[s] = ir.VarInfo("p" if axis == "p" else "i", problem.info[s].dim)
         tensors[s] = t
-    column = ir.new_variable_symbol()
     info[column], tensors[column] = ir.VarInfo("j", 1), index.new_zeros(1, 1, 1, dtype=problem.dtype)
     return Problem(info, tensors, list(problem.order) + [column]), selections
 
@@ -259,8 +336,8 @@ def _fit(grad: torch.Tensor, like: torch.Tensor, axis: str) -> torch.Tensor:
 class Backward(_Collector):
     """Cotangents of a pass's reductions -> gradients of the wanted variables, streamed."""
 
-    def __init__(self, problem, wanted, options: dict):
-        super().__init__(problem, options)
+    def __init__(self, problem, wanted, options: dict, reductions=()):
+        super().__init__(problem, options, reductions)
         self.wanted = wanted
         self.pairs: list[tuple[sympy.Expr, sympy.Expr]] = []
         self.selections: list[tuple[sympy.Expr, torch.Tensor, torch.Tensor]] = []
@@ -308,8 +385,8 @@ class Backward(_Collector):
             if self.problem.size("j") > 0:
                 if mine is not None:
                     cot = cot * mine.unsqueeze(-1)
-                pairs, selections = _pairs(self.full_problem(), index)
-                g = pairs.extended({ir.new_variable_symbol(): (cot.reshape(cot.shape[0], -1, cot.shape[-1]), "i")})
+                pairs, selections = _pairs(self.full_problem(), index, self.fresh())
+                g = pairs.extended({self.fresh(): (cot.reshape(cot.shape[0], -1, cot.shape[-1]), "i")})
                 formulas = diff.vjp([(expr, g.order[-1])], self.wanted, g.info).items()
                 contributions = {sym: self._unpair(sym, c, index, selections)
                                  for sym, c in self._gradients(g, formulas, **_PAIRS).items()}
@@ -371,8 +448,8 @@ class Backward(_Collector):
 class Forward(_Collector):
     """Input tangents -> output tangents: sums and selected values of the formulas' tangents."""
 
-    def __init__(self, problem, tangents: dict, options: dict):
-        super().__init__(problem, options)
+    def __init__(self, problem, tangents: dict, options: dict, reductions=()):
+        super().__init__(problem, options, reductions)
         self.tangents = {s: self.variable(t, problem.info[s].axis) for s, t in tangents.items()}
         self.sums: list[tuple[sympy.Expr, str, int]] = []
         self.selections: list[tuple[sympy.Expr, torch.Tensor]] = []
@@ -408,7 +485,7 @@ class Forward(_Collector):
             index, mine = self.local(index)
             values = torch.zeros(*index.shape, ir.feature_dim(expr, full.info), dtype=full.dtype, device=full.device)
             if expr != 0 and full.size("j") > 0:
-                pairs, selections = _pairs(full, index)
+                pairs, selections = _pairs(full, index, self.fresh())
                 ((values,),) = reduce(pairs, [Sum(expr, pairs.info)], **{**self.options, **_PAIRS})
                 values = values.reshape(values.shape[0], index.shape[1], selections, values.shape[-1])
             if mine is not None:  # sharded: each rank evaluates the pairs in its shard

@@ -8,13 +8,17 @@ same symbols, so a derivative of any order is one more formula for the engine.
 """
 from __future__ import annotations
 
+import functools
+
 import sympy
 
 from .ir import LOGICAL, FSum, Gather, Select, VarInfo, VectorOp, ZeroSafePow, feature_dim, feature_sum, index_tuple
 
 
+@functools.lru_cache(maxsize=8192)
 def local_partial(node: sympy.Expr, k: int) -> sympy.Expr:
-    """d node / d arg_k, by sympy on placeholder symbols (fractional powers: 0 at a zero base)."""
+    """d node / d arg_k, by sympy on placeholder symbols (fractional powers: 0 at a zero base). Kept: a
+    training loop differentiates the same nodes every step, and sympy's answer takes ~1 ms a node."""
     if isinstance(node, sympy.Pow) and k == 0:
         base, exponent = node.args
         if exponent.is_Number and 0 < exponent < 1:

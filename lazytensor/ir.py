@@ -85,12 +85,28 @@ def new_variable_symbol() -> sympy.Symbol:
     return make_symbol(f"v{next(_created)}")
 
 
+def derived_symbol(index: int) -> sympy.Symbol:
+    """The ``index``-th variable a derivative pass adds (a cotangent, a saved output, a softmax placeholder).
+
+    Numbered per pass, after every such symbol the pass already holds
+    (``autograd._Collector``), not from a global count: the same backward
+    builds the same formulas each call, so sympy's caches, the derivative
+    caches and the engine's hit, as they do for formula positions.
+    """
+    return make_symbol(f"d{index}")
+
+
 def creation_index(sym: sympy.Symbol) -> int:
-    """Kernel argument order: formula positions first, then fresh symbols in creation order."""
+    """Kernel argument order: formula positions first, then fresh symbols in creation order, then derived ones."""
     digits = sym.name[1:]
     if not digits.isdigit():
         return -1
-    return int(digits) + (_FRESH if sym.name[0] == "v" else 0)
+    return int(digits) + {"v": _FRESH, "d": 2 * _FRESH}.get(sym.name[0], 0)
+
+
+def derived_index(sym: sympy.Symbol) -> int:
+    """``derived_symbol``'s index of ``sym``; -1 for any other symbol."""
+    return int(sym.name[1:]) if sym.name[0] == "d" and sym.name[1:].isdigit() else -1
 
 
 class FSum(sympy.Function):

@@ -10,21 +10,23 @@ a Python literal in which every tensor is its position in one list, and calls
 the real tensors as an ordinary LazyTensor (the eager path, unchanged); its fake implementation
 replays it on zeros with one row to learn the outputs' trailing shape and dtype, and takes their
 batch and row sizes (symbolic under export) from the inputs; its derivative is
-``lazytensor::reduce_backward``: the replay differentiated by the engine's own streamed backward,
-which recomputes the forward pass. The key needs no registry, so an exported program runs in a new
+``lazytensor::reduce_vjp``: the replay differentiated by the engine's own streamed backward, its
+passes handed the outputs the forward computed (``autograd.Tape``, left on the outputs) so that only the
+backward's own pass runs. The key needs no registry, so an exported program runs in a new
 process once ``lazytensor.library`` is imported. A named operator (``rbf_matmul``, ``attention``, ...) is
 one such node too, its call replayed as a whole.
 """
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import inspect
 import operator
 
 import torch
 
-from . import lazy_tensor, ops, run
+from . import autograd, lazy_tensor, ops, run
 from .lazy_tensor import LazyTensor
 from .opaque import tracing
 
@@ -37,6 +39,9 @@ OPERATORS = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__"
              "__pow__", "__rpow__", "__neg__", "__abs__", "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__",
              "__or__", "__ror__", "__getitem__", "__matmul__")
 NAMED_OPERATORS = ("distance_sum", "rbf_matmul", "distance_quantile", "kernel_regression", "knn_regression", "attention")
+# The operators' arguments and derivative; in every key, so that compile caches, which key a graph by its
+# forward only, and exported programs never pair a key with operators of another version.
+KEY_VERSION = 2
 _replaying = [0]  # > 0 while a record is replayed (non-strict export traces the replay with tracing() true)
 
 
@@ -48,7 +53,7 @@ def recording() -> bool:
 def named_operator(name: str, args: tuple, kwargs: dict):
     """The named operator ``ops.<name>(*args, **kwargs)`` as one ``lazytensor::reduce`` node."""
     tensors = []
-    outs = torch.ops.lazytensor.reduce(encode(Deferred(("fn", name, args, kwargs), 0), tensors), tensors)
+    outs = torch.ops.lazytensor.reduce(record_key(Deferred(("fn", name, args, kwargs), 0), tensors), tensors)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -81,7 +86,7 @@ class Deferred:
         if kwargs.get("out") is not None:
             raise ValueError("out= is not supported while a compiler traces a reduction")
         tensors = []
-        key = encode(Deferred(("call", name, self, args, kwargs), self.nbatch), tensors)
+        key = record_key(Deferred(("call", name, self, args, kwargs), self.nbatch), tensors)
         outs = torch.ops.lazytensor.reduce(key, tensors)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -170,9 +175,19 @@ def encode(value, tensors: list) -> str:
     raise TypeError(f"a {type(value).__name__} cannot be recorded in a formula while a compiler traces")
 
 
+def record_key(record: Deferred, tensors: list) -> str:
+    """The operator's key of ``record``: its literal, after the version of the operators it is read by."""
+    return f"({KEY_VERSION},{encode(record, tensors)})"
+
+
 @functools.lru_cache(maxsize=1024)
 def decode(key: str):
-    return ast.literal_eval(key)
+    """The record a key holds; a key of other operators (an older program or compile cache) is refused."""
+    version, node = ast.literal_eval(key)
+    if version != KEY_VERSION:
+        raise ValueError(f"a lazytensor::reduce key of version {version}, this lazytensor reads {KEY_VERSION}: "
+                         "export the program again, or clear the compile cache (TORCHINDUCTOR_CACHE_DIR)")
+    return node
 
 
 def replay(node, tensors):
@@ -231,8 +246,12 @@ def _evaluated(key: str, tensors, **override) -> list:
 @torch.library.custom_op("lazytensor::reduce", mutates_args=())
 def reduce(key: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """The reduction ``key`` records, of ``tensors``: its outputs, as the eager call returns them."""
-    with torch.no_grad():
-        return [o.clone() if o._is_view() else o for o in _evaluated(key, tensors)]
+    tape = autograd.Tape()
+    with torch.no_grad(), tape.recording():
+        outs = [o.clone() if o._is_view() else o for o in _evaluated(key, tensors)]
+    for o in outs:  # for the backward (``_played``), while the output is as computed
+        o._lazytensor_tape = (tape, o._version)
+    return outs
 
 
 @reduce.register_fake
@@ -302,14 +321,16 @@ def _tensors(node) -> list:
     return [k for axis, k in _leaves(node, False) if axis == "tensor"]
 
 
-@torch.library.custom_op("lazytensor::reduce_backward", mutates_args=())
-def reduce_backward(key: str, tensors: list[torch.Tensor], grads: list[torch.Tensor | None],
+@torch.library.custom_op("lazytensor::reduce_vjp", mutates_args=())
+def reduce_vjp(key: str, tensors: list[torch.Tensor], outputs: list[torch.Tensor], grads: list[torch.Tensor | None],
                     needs: list[bool]) -> list[torch.Tensor]:
-    """Cotangents ``grads`` of the outputs of ``reduce(key, tensors)`` pulled back to the ``needs``-ed tensors
-    through the engine's streamed backward (the forward pass recomputed); zeros for the others."""
+    """Cotangents ``grads`` of the ``outputs`` of ``reduce(key, tensors)`` pulled back to the ``needs``-ed tensors
+    through the engine's streamed backward; zeros for the others. The forward's passes are played back from
+    its tape (``_played``), or recomputed when the outputs have none."""
     with _autograd_back(), torch.enable_grad():
         inputs = [t.detach().requires_grad_(need and t.is_floating_point()) for t, need in zip(tensors, needs)]
-        outs = _evaluated(key, inputs)
+        with _played(outputs):
+            outs = _evaluated(key, inputs)
         pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
         wanted = [t for t in inputs if t.requires_grad]
         got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
@@ -319,25 +340,42 @@ def reduce_backward(key: str, tensors: list[torch.Tensor], grads: list[torch.Ten
 
 
 def _autograd_back():
-    """Autograd's dispatch keys, which an operator's kernel runs without, back on for the replay it differentiates."""
-    exclude = torch._C._dispatch_tls_local_exclude_set()
-    after = torch._C._after_ADInplaceOrView_keyset
-    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude - (exclude - after))
+    """Autograd's dispatch keys, which an operator's kernel runs without, back on for the replay it differentiates.
+    Only those: the others the kernel excludes stay so (autocast's, turned on, would run float32 in bfloat16)."""
+    exclude = torch._C._dispatch_tls_local_exclude_set() - _AUTOGRAD_KEYS
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
 
 
-@reduce_backward.register_fake
-def _(key, tensors, grads, needs):
+_AUTOGRAD_KEYS = functools.reduce(operator.or_, [torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, name))
+                                                 for name in dir(torch._C.DispatchKey)
+                                                 if name.startswith("Autograd") or name == "ADInplaceOrView"])
+
+
+def _played(outputs: list[torch.Tensor]):
+    """The tape ``reduce`` left on ``outputs``, played back, if every output still carries it unchanged; else nothing
+    (a compiler that copied an output, an output changed in place since: the passes are recomputed)."""
+    marks = [getattr(o, "_lazytensor_tape", None) for o in outputs]
+    tape = marks[0][0] if marks and marks[0] else None
+    if tape is None or any(m is None or m[0] is not tape or m[1] != o._version for m, o in zip(marks, outputs)):
+        return contextlib.nullcontext()
+    return tape.recording(playing=True)
+
+
+@reduce_vjp.register_fake
+def _(key, tensors, outputs, grads, needs):
     return [torch.empty_like(t) for t in tensors]
 
 
 def _setup(ctx, inputs, output):
     ctx.key, tensors = inputs
     ctx.needs = [t.requires_grad for t in tensors]
-    ctx.save_for_backward(*tensors)
+    ctx.count = len(tensors)
+    ctx.save_for_backward(*tensors, *output)
 
 
 def _backward(ctx, grads):
-    grads = torch.ops.lazytensor.reduce_backward(ctx.key, list(ctx.saved_tensors), list(grads), ctx.needs)
+    saved = list(ctx.saved_tensors)
+    grads = torch.ops.lazytensor.reduce_vjp(ctx.key, saved[:ctx.count], saved[ctx.count:], list(grads), ctx.needs)
     return None, [g if need else None for g, need in zip(grads, ctx.needs)]
 
 

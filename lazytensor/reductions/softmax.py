@@ -101,7 +101,7 @@ class _OnlineSoftmax(Reduction):
 
     def _softmax(self, collector, outs) -> Softmax:
         """The weights exp(F - lse) = exp(F - shift) / total of the saved (total, shift), for ``collector``."""
-        weight = Softmax(ir.new_variable_symbol(), self.expr, collector.variable(outs[1], "i"),
+        weight = Softmax(collector.fresh(), self.expr, collector.variable(outs[1], "i"),
                          collector.variable(outs[2], "i"), outs[1].shape[-1])
         collector.adopt({weight.symbol: weight})
         return weight
@@ -195,7 +195,7 @@ class SoftmaxWeightedSum(_OnlineSoftmax):
         return lambda results: (results[h_out], results[h_total], torch.zeros_like(outs[2]))
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Softmax:
     """Softmax weights w = exp(F - shift) / total (total = sum_j exp(F - shift)) held as ``symbol`` in formulas.
 

@@ -199,3 +199,22 @@ def test_skinny_problems_keep_the_tiles_pairs(compiled, monkeypatch):
     square = torch.randn(4096, 2)
     (-lt.Vi(square).sqdist(lt.Vj(square))).logsumexp(1, backend=backend)
     assert seen[-1].rows * seen[-1].cols <= plan.PAIRS_PER_TILE * 8  # unchanged for square problems
+
+
+def test_a_repeated_backward_builds_the_same_derivative_formulas(monkeypatch):
+    """A derivative pass numbers the variables it adds per pass (``ir.derived_symbol``), not from a global count:
+    the next backward of the same formula is the same formulas, so sympy's caches and the engine's hit."""
+    seen = []
+    gradients = autograd.Backward._gradients
+
+    def recorded(self, problem, formulas, **overrides):
+        seen.append(tuple(formulas))
+        return gradients(self, problem, formulas, **overrides)
+
+    monkeypatch.setattr(autograd.Backward, "_gradients", recorded)
+    x, y, b = torch.randn(7, 3), torch.randn(9, 3), torch.randn(9, 2)
+    for _ in range(2):
+        xi = x.clone().requires_grad_()
+        loss = (-lt.Vi(xi).sqdist(lt.Vj(y))).logsumexp(1).sum() + (_rbf(xi, y) @ b).sin().sum()
+        torch.autograd.grad(loss, xi)
+    assert len(seen) == 4 and seen[:2] == seen[2:]

@@ -130,3 +130,17 @@ def test_vmap_over_batched_parameters_and_batched_variables():
 
     torch.testing.assert_close(both(streamed), both(lambda x_, y_, b_, g_, k: torch.stack(
         [dense(x_[i], y_, b_, g_, k) for i in range(2)])), **TOL)
+
+
+@pytest.mark.parametrize("kind", ["lse", "softmax"])
+def test_third_order_matches_dense(kind):
+    """Each derivative pass numbers its variables after those of the pass it differentiates (its softmax
+    placeholders included): a third derivative nests three collectors' symbols in one formula."""
+    x, y, b, g = make(n=4, m=5)
+    outs = []
+    for f in (streamed, dense):
+        xi = x.clone().requires_grad_()
+        (first,) = torch.autograd.grad(f(xi, y, b, g, kind).sin().sum(), xi, create_graph=True)
+        (second,) = torch.autograd.grad((first**2).sum(), xi, create_graph=True)
+        outs.append(torch.autograd.grad((second.cos()).sum(), xi)[0])
+    torch.testing.assert_close(outs[0], outs[1], **TOL)

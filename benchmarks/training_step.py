@@ -1,0 +1,65 @@
+"""A training step that reduces formulas: eager, under torch.compile(fullgraph=True), and dense torch.
+
+    flock /tmp/tp-bench.lock .venv/bin/python benchmarks/training_step.py [--threads 2] [--sizes 200,4000,16000]
+
+The step is issue 44's: a Gaussian kernel product and a log-sum-exp of N points against N in 3-D,
+float32, the loss's value and its gradient in the points. The three steps alternate round by round
+(after three untimed rounds, the compile among them), so a busy moment hits them alike; each figure
+is the median step in milliseconds, with compiled / eager and eager / dense beside it; one JSON line.
+Dense torch builds the N x N matrix (skipped above ``--dense-max``).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from common import arguments, emit, parse
+
+import lazytensor as lt
+
+
+def loss(x, y, b):
+    K = (-0.5 * lt.Vi(x).sqdist(lt.Vj(y))).exp()
+    return (K @ b).sin().sum() + (-lt.Vi(x).sqdist(lt.Vj(y))).logsumexp(1).sum()
+
+
+def dense_loss(x, y, b):
+    D = ((x[:, None] - y[None]) ** 2).sum(-1)
+    return (torch.exp(-0.5 * D) @ b).sin().sum() + torch.logsumexp(-D, 1).sum()
+
+
+def main() -> None:
+    parser = arguments(__doc__)
+    parser.add_argument("--sizes", default="200,4000,16000")
+    parser.add_argument("--rounds", type=int, default=0, help="timed rounds (default: about 20 s a size)")
+    parser.add_argument("--dense-max", type=int, default=8000)
+    args = parse(parser)
+    rows = {}
+    for n in (int(s) for s in args.sizes.split(",")):
+        torch.manual_seed(0)
+        x, y, b = torch.randn(n, 3), torch.randn(n, 3), torch.randn(n, 1)
+        steps = {"eager": loss, "compiled": torch.compile(loss, fullgraph=True)}
+        if n <= args.dense_max:
+            steps["dense"] = dense_loss
+        times = {name: [] for name in steps}
+        rounds, k = args.rounds, 0
+        while k < 3 + (rounds or 3):
+            for name, fn in steps.items():
+                xi = x.clone().requires_grad_()
+                start = time.perf_counter()
+                torch.autograd.grad(fn(xi, y, b), xi)
+                times[name].append(time.perf_counter() - start)
+            k += 1
+            if not rounds and k == 4:  # about 20 s a size from the first timed round
+                rounds = max(3, min(200, int(20 / sum(t[-1] for t in times.values()))))
+        ms = {name: round(statistics.median(t[3:]) * 1e3, 2) for name, t in times.items()}
+        rows[n] = {**ms, "compiled/eager": round(ms["compiled"] / ms["eager"], 2),
+                   **({"eager/dense": round(ms["eager"] / ms["dense"], 2)} if "dense" in ms else {}),
+                   "rounds": len(times["eager"]) - 3}
+        torch._dynamo.reset()
+    emit({"benchmark": "training_step", "threads": args.threads, "ms": rows})
+
+
+if __name__ == "__main__":
+    main()
