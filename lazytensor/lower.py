@@ -302,9 +302,10 @@ class TileSource:
         difference (exact near 0) without the (n, m, D) broadcast that an eager tile would write and read
         three times (a standalone microbenchmark, 1000 x 1000, D = 3, one thread: 24.7 ms broadcast,
         5.5 ms by feature, cdist 4.3 ms)."""
+        negated = right.could_extract_minus_sign()  # x - y: subtract y, not add a negated copy of its block
         a = self._assign(sympy.Dummy(), self._rows(left, width))
-        b = self._assign(sympy.Dummy(), self._rows(right, width))
-        return f"squares_by_feature({a}, {b})"
+        b = self._assign(sympy.Dummy(), self._rows(-right if negated else right, width))
+        return f"squares_by_feature({a}, {b}, {negated})"
 
     def _sqdist(self, left: sympy.Expr, right: sympy.Expr, width: int) -> str:
         """|l + r|^2 = |a|^2 + |b|^2 + 2 a.b with a = l + c, b = r - c, c the mean of r's real columns.
@@ -360,16 +361,18 @@ def _scatter_code(a: str, index: list[int], size: int) -> str:
     return f"{a}.new_zeros(*{a}.shape[:-1], {size}).index_add(-1, torch.tensor({index}, device={a}.device), {a})"
 
 
-def squares_by_feature(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """sum_k (a[:, i, k] + b[:, j, k])^2 as (B, n, m, 1), for rows a (B, n, D) and columns b (B, m, D).
+def squares_by_feature(a: torch.Tensor, b: torch.Tensor, subtract: bool = False) -> torch.Tensor:
+    """sum_k (a[:, i, k] + b[:, j, k])^2 (``subtract``: a - b) as (B, n, m, 1), for rows a (B, n, D) and columns
+    b (B, m, D).
 
     Eager tiles only: each feature's difference is squared and accumulated in
     place, so the sum costs D tile buffers and 2D passes where separate
     square and add ops cost 3D - 1 of each (a standalone script, one
-    128 x 1024 tile, D = 8, 2 threads: 0.49 -> 0.24 ms)."""
+    128 x 1024 tile, D = 8, 2 threads: 0.49 -> 0.24 ms). Subtracting saves
+    negating the column block first, a pass as long as a one-row tile's own."""
     total = None
     for a_k, b_k in zip(a.unbind(-1), b.unbind(-1)):  # views by method calls: indexing costs ~3 us a view
-        d = a_k.unsqueeze(2) + b_k.unsqueeze(1)
+        d = a_k.unsqueeze(2) - b_k.unsqueeze(1) if subtract else a_k.unsqueeze(2) + b_k.unsqueeze(1)
         total = d.mul_(d) if total is None else total.addcmul_(d, d)
     if total is None:  # D = 0: an empty sum
         return a.new_zeros(a.shape[0], a.shape[1], b.shape[1], 1)

@@ -105,15 +105,16 @@ def _plan(n: int, m: int, given, compiled: bool, device_type: str, batch: int, p
     call); ``pair_bytes``: an eager tile's bytes per pair, its widest intermediate plus two."""
     (PAIRS_PER_TILE, TILE_BUDGET_BYTES, MAX_TILE_ROWS, MAX_TILE_COLS, MIN_TILE,  # noqa: N806 - the module's limits
      CUDA_PAIRS_PER_TILE, CUDA_TILE_BUDGET_BYTES, CUDA_MAX_TILE) = limits
+    span_n, span_m = (bucket(n), bucket(m)) if compiled else (max(n, 1), max(m, 1))  # an eager tile is never padded
     if given is not None:
         rows, cols = given
     elif device_type == "cpu" and hints:
         rows, cols = max(h[0] for h in hints), max(h[1] for h in hints)
-        pairs, short = rows * cols, bucket(n)  # the measured pairs per tile, kept by a narrow axis (_widened)
-        cols = min(cols, bucket(m))
+        pairs, short = rows * cols, span_n  # the measured pairs per tile, kept by a narrow axis (_widened)
+        cols = min(cols, span_m)
         rows = max(rows, min(_widened(MAX_TILE_ROWS, MAX_TILE_COLS, cols), pairs // cols))
         if short < rows:
-            cols = min(bucket(m), max(cols, min(_widened(MAX_TILE_COLS, MAX_TILE_ROWS, short), pairs // short)))
+            cols = min(span_m, max(cols, min(_widened(MAX_TILE_COLS, MAX_TILE_ROWS, short), pairs // short)))
         if not compiled:
             rows = max(MIN_TILE, min(rows, TILE_BUDGET_BYTES // pair_bytes // cols))
     else:
@@ -122,7 +123,7 @@ def _plan(n: int, m: int, given, compiled: bool, device_type: str, batch: int, p
         pairs = (CUDA_PAIRS_PER_TILE if gpu else PAIRS_PER_TILE) // batch
         if not compiled:
             pairs = min(pairs, (CUDA_TILE_BUDGET_BYTES if gpu else TILE_BUDGET_BYTES) // pair_bytes)
-        cols = min(bucket(m), max(max_cols, pairs // bucket(n)), _widened(max_cols, max_rows, bucket(n)))
+        cols = min(span_m, max(max_cols, pairs // span_n), _widened(max_cols, max_rows, span_n))
         rows = max(MIN_TILE, min(_widened(max_rows, max_cols, cols), pairs // cols))
         rows = 1 << round(math.log2(rows))  # the nearest power of two: within a factor sqrt(2) of the budget
     if compiled:

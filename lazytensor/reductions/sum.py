@@ -15,6 +15,7 @@ from .base import Reduction, column_side, masked, row_side
 # 0.085 s, C = 2 0.096 / 0.178, C = 8 0.125 / 0.176, C = 16 0.175 / 0.117; float64 C = 2 0.165 / 0.244, C = 4 and 8
 # equal, C = 16 0.349 / 0.286.
 FUSED_PRODUCT_BYTES = 32
+COLUMN_MAJOR_MIN_ROWS = 4  # an eager tile of fewer rows multiplies its weights as they lie (``_column_major``)
 
 
 def narrow(matrix: torch.Tensor, columns: int) -> bool:
@@ -28,6 +29,13 @@ def tile_product(matrix: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     if narrow(matrix, weights.shape[-1]):
         return (matrix.unsqueeze(-1) * weights.unsqueeze(-3)).sum(-2)
     return torch.matmul(matrix, weights)
+
+
+def _column_major(weights: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """``weights`` column-major for ``matrix @ weights``: BLAS is several times faster on a (rows, cols) @
+    (cols, few) product that way, but the copy costs more than it saves below ``COLUMN_MAJOR_MIN_ROWS``
+    rows (one row, 16384 x 4 float32 weights: 28 us as they lie, 72 us copied first)."""
+    return weights.mT.contiguous().mT if matrix.shape[-2] >= COLUMN_MAJOR_MIN_ROWS else weights
 
 
 def _is_one(a) -> bool:
@@ -116,11 +124,10 @@ class Sum(Reduction):
                 products[group] = [tile_product(matrix, c) for c in columns]
                 continue
             if len(columns) == 1:  # nothing to stack or split (a copy and a split per tile saved)
-                products[group] = [torch.matmul(matrix, columns[0].mT.contiguous().mT)]
+                products[group] = [torch.matmul(matrix, _column_major(columns[0], matrix))]
                 continue
             batch = max([matrix.shape[0]] + [c.shape[0] for c in columns])
-            # column-major W: BLAS is several times faster on a (rows, cols) @ (cols, few) product that way
-            stacked = torch.cat([c.expand(batch, *c.shape[1:]) for c in columns], -1).mT.contiguous().mT
+            stacked = _column_major(torch.cat([c.expand(batch, *c.shape[1:]) for c in columns], -1), matrix)
             products[group] = list(torch.matmul(matrix, stacked).split([c.shape[-1] for c in columns], -1))
         return products
 

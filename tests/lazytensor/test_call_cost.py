@@ -178,7 +178,9 @@ def test_a_problem_within_the_eager_tile_budget_is_one_eager_tile(monkeypatch):
 @pytest.mark.parametrize("compiled", [False, True])
 def test_skinny_problems_keep_the_tiles_pairs(compiled, monkeypatch):
     """A narrow axis (k-means' centroids, a few queries) leaves the other its share of the tile's pairs:
-    a call over 50000 points and 50 centroids cuts a dozen tiles, not ~50; square problems keep their tiles."""
+    a call over 50000 points and 50 centroids cuts a dozen tiles, not ~50; one query's eager pass is one tile
+    (13 of 16384 columns before, for 200000 points: the per-tile cost was most of the call); square problems
+    keep their tiles."""
     seen = []
     original = engine._TileLoop.run
 
@@ -196,6 +198,11 @@ def test_skinny_problems_keep_the_tiles_pairs(compiled, monkeypatch):
     got = (-lt.Vi(queries).sqdist(lt.Vj(many))).logsumexp(1, backend=backend)
     torch.testing.assert_close(got.squeeze(-1), torch.logsumexp(-torch.cdist(queries, many) ** 2, 1), rtol=1e-5, atol=1e-5)
     assert seen[-1].cols >= 4096 and seen[-1].rows <= 32
+    one = torch.randn(1, 2)
+    got = (-lt.Vi(one).sqdist(lt.Vj(many))).exp().matmul(many, backend=backend)
+    torch.testing.assert_close(got, torch.exp(-torch.cdist(one, many) ** 2) @ many, rtol=1e-4, atol=1e-4)
+    if not compiled:  # an eager tile plans for the rows it has, not the compiled bucket's 16: one tile here
+        assert (seen[-1].rows, seen[-1].cols) == (1, 50000)
     square = torch.randn(4096, 2)
     (-lt.Vi(square).sqdist(lt.Vj(square))).logsumexp(1, backend=backend)
     assert seen[-1].rows * seen[-1].cols <= plan.PAIRS_PER_TILE * 8  # unchanged for square problems
@@ -218,3 +225,32 @@ def test_a_repeated_backward_builds_the_same_derivative_formulas(monkeypatch):
         loss = (-lt.Vi(xi).sqdist(lt.Vj(y))).logsumexp(1).sum() + (_rbf(xi, y) @ b).sin().sum()
         torch.autograd.grad(loss, xi)
     assert len(seen) == 4 and seen[:2] == seen[2:]
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 9])
+def test_a_skinny_eager_tile_reads_its_column_blocks_in_place(monkeypatch, n):
+    """Below ``EAGER_FEATURES_FIRST_MIN_ROWS`` rows the column blocks are views of the points (no copy a tile,
+    values unchanged); from there on they are features-first copies."""
+    blocks = []
+    columns = engine._TileLoop._columns
+
+    def spy(self, plan, compiled, c0, c1):
+        out = columns(self, plan, compiled, c0, c1)
+        blocks.extend(out[0])
+        return out
+
+    monkeypatch.setattr(engine._TileLoop, "_columns", spy)
+    x, y, b = torch.randn(n, 3), torch.randn(300, 3), torch.randn(300, 4)
+    got = (-lt.Vi(x).sqdist(lt.Vj(y))).exp().matmul(b, backend="eager")
+    torch.testing.assert_close(got, torch.exp(-torch.cdist(x, y) ** 2) @ b)
+    in_place = [blk.untyped_storage().data_ptr() in (y.untyped_storage().data_ptr(), b.untyped_storage().data_ptr())
+                for blk in blocks]
+    assert blocks and all(in_place) == (n < engine.EAGER_FEATURES_FIRST_MIN_ROWS) and any(in_place) == all(in_place)
+
+
+def test_an_eager_squared_difference_subtracts_the_columns():
+    """``|x - y|^2`` by feature subtracts y's block instead of adding a negated copy of it."""
+    x, y = torch.randn(5, 3), torch.randn(7, 3)
+    lt.Vi(x).sqdist(lt.Vj(y)).sum(1, backend="eager")
+    sources = [fn.source for fn in compile._CACHE.values() if "squares_by_feature" in getattr(fn, "source", "")]
+    assert sources and all(", True)" in s and "-1.0 *" not in s for s in sources[-1:])
