@@ -33,6 +33,7 @@ import torch
 from torch.autograd import forward_ad
 
 from . import diff, engine, ir
+from .kept import Kept
 from .opaque import tracing
 from .problem import Problem
 from .reductions import Sum
@@ -279,9 +280,14 @@ class _Collector:
         return self.problem.extended(self.extra)
 
     def _sum(self, expr: sympy.Expr, info: dict, dim: int, reduced_axis: str) -> Sum:
-        """The streamed sum of a derivative formula: a ``SoftmaxSum`` where it holds softmax weights."""
-        softmaxes = {w: self.softmaxes[w] for w in expr.free_symbols & self.softmaxes.keys()}
-        return SoftmaxSum(expr, softmaxes, info, dim, reduced_axis) if softmaxes else Sum(expr, info, dim, reduced_axis)
+        """The streamed sum of a derivative formula: a ``SoftmaxSum`` where it holds softmax weights. Kept (the
+        next step's backward asks for the same sums), and with it the engine's set-up of the pass."""
+        softmaxes = {w: self.softmaxes[w] for w in sorted(expr.free_symbols & self.softmaxes.keys(), key=str)}
+
+        def build():
+            return SoftmaxSum(expr, softmaxes, info, dim, reduced_axis) if softmaxes else Sum(expr, info, dim, reduced_axis)
+
+        return _SUMS.get((expr, tuple(softmaxes.values()), tuple(info.items()), dim, reduced_axis), build)
 
     def local(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Global column indices as this rank's (clamped), and which are its own (None: all are)."""
@@ -291,6 +297,15 @@ class _Collector:
         index = index - sum(self.sharding.sizes(m, index.device)[: self.sharding.rank])
         mine = (index >= 0) & (index < m)
         return index.clamp(0, max(m - 1, 0)), mine
+
+
+_SUMS = Kept()  # derivative passes' sums (``_Collector._sum``)
+
+
+@functools.lru_cache(maxsize=1024)
+def _vjp(pairs: tuple, wanted: tuple, info: tuple) -> dict:
+    """``diff.vjp``, kept: a training loop's backward differentiates the same formulas every step (read only)."""
+    return diff.vjp(list(pairs), list(wanted), dict(info))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -376,7 +391,8 @@ class Backward(_Collector):
             for expr, cot in self.pairs:
                 groups.setdefault(frozenset((expr.free_symbols | cot.free_symbols) & self.softmaxes.keys()), []).append(
                     (expr, cot))
-            formulas = [f for pairs in groups.values() for f in diff.vjp(pairs, self.wanted, self.info).items()]
+            formulas = [f for pairs in groups.values() for f in _vjp(tuple(pairs), tuple(self.wanted),
+                                                                      tuple(self.info.items())).items()]
             for sym, g in self._gradients(full, formulas).items():
                 add(sym, g)
         for expr, index, cot in self.selections:
