@@ -2,7 +2,7 @@
 
 The table of docs/performance.md's "What a user meets: whole scripts":
 
-    flock /tmp/tp-bench.lock .venv/bin/python benchmarks/scripts.py [--scripts kmeans,knn,solve,kde,sinkhorn]
+    flock /tmp/tp-bench.lock .venv/bin/python benchmarks/scripts.py [--scripts kmeans,knn,solve,kde,sinkhorn,gp]
         [--threads 2] [--repeat 1] [--cache warm[,cold]] [--scale 1] [--timeout 600,solve=900]
         [--docs docs/performance.md] [--show NAME]
 
@@ -19,7 +19,11 @@ would write it (``--show NAME`` prints both):
   (sigma 0.1) on 5000 uniform points in [0, 1]^2, float64; dense: ``torch.linalg.solve(K + 0.01 I, b)``;
 - ``kde``: a Gaussian kernel density, 20000 x 20000 points in 3-D (h = 0.1); dense: one ``cdist``, ``exp``, ``sum``;
 - ``sinkhorn``: log-domain Sinkhorn, 50 iterations, 5000 x 5000 points in 3-D (eps = 0.01), two
-  log-sum-exps an iteration with the dual potentials as j-variables; dense: ``torch.logsumexp`` on the cost matrix.
+  log-sum-exps an iteration with the dual potentials as j-variables; dense: ``torch.logsumexp`` on the cost matrix;
+- ``gp``: a GPyTorch exact GP (ScaleKernel(RBF), Gaussian likelihood) fitted by 20 Adam steps of the
+  marginal likelihood on 2000 points in 3-D, its KeOps RBF kernel on lazytensor through
+  ``lazytensor.keops.install()`` (GPyTorch's CG and Lanczos call the kernel's products); dense:
+  GPyTorch's own ``RBFKernel`` (the 2000 x 2000 matrix).
 
 Each (script, variant) runs ``--repeat`` times, each time in a fresh interpreter (a file in a temporary
 folder), and reports the median. The time runs from after ``import torch`` to the script's last line,
@@ -196,6 +200,73 @@ for _ in range(50):
     g = -eps * torch.logsumexp((f.T - cost.T) / eps, dim=1, keepdim=True) + eps * math.log(N)
 """
 
+GP_LT = """\
+import torch
+import lazytensor.keops
+lazytensor.keops.install()  # GPyTorch's KeOps kernels run on lazytensor
+import gpytorch
+
+torch.manual_seed(0)
+N = {n}
+x = torch.rand(N, 3)
+y = torch.sin(6 * x).sum(-1) + 0.1 * torch.randn(N)
+
+class GP(gpytorch.models.ExactGP):
+    def __init__(self, x, y, likelihood):
+        super().__init__(x, y, likelihood)
+        self.mean = gpytorch.means.ConstantMean()
+        self.covar = gpytorch.kernels.ScaleKernel(gpytorch.kernels.keops.RBFKernel())
+
+    def forward(self, z):
+        return gpytorch.distributions.MultivariateNormal(self.mean(z), self.covar(z))
+
+likelihood = gpytorch.likelihoods.GaussianLikelihood()
+model = GP(x, y, likelihood)
+model.train()
+optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+for _ in range({steps}):
+    optimizer.zero_grad()
+    loss = -mll(model(x), y)
+    loss.backward()
+    optimizer.step()
+lengthscale = model.covar.base_kernel.lengthscale.detach()
+noise = likelihood.noise.detach()
+"""
+
+GP_DENSE = """\
+import torch
+import gpytorch
+
+torch.manual_seed(0)
+N = {n}
+x = torch.rand(N, 3)
+y = torch.sin(6 * x).sum(-1) + 0.1 * torch.randn(N)
+
+class GP(gpytorch.models.ExactGP):
+    def __init__(self, x, y, likelihood):
+        super().__init__(x, y, likelihood)
+        self.mean = gpytorch.means.ConstantMean()
+        self.covar = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+
+    def forward(self, z):
+        return gpytorch.distributions.MultivariateNormal(self.mean(z), self.covar(z))
+
+likelihood = gpytorch.likelihoods.GaussianLikelihood()
+model = GP(x, y, likelihood)
+model.train()
+optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+for _ in range({steps}):
+    optimizer.zero_grad()
+    loss = -mll(model(x), y)
+    loss.backward()
+    optimizer.step()
+lengthscale = model.covar.base_kernel.lengthscale.detach()
+noise = likelihood.noise.detach()
+"""
+
+
 
 def _relative(ours, reference) -> float:
     ours, reference = ours.double().reshape(reference.shape), reference.double()
@@ -235,6 +306,12 @@ def _compare_kde(ours: dict, dense: dict, sizes: dict) -> dict:
     return {"agree": diff <= 1e-4, "max_diff": diff}
 
 
+def _compare_gp(ours: dict, dense: dict, sizes: dict) -> dict:
+    """The fitted hyperparameters: float32 CG and Lanczos in both, so agreement to 1e-3, not to rounding."""
+    diff = max(_relative(ours["lengthscale"], dense["lengthscale"]), _relative(ours["noise"], dense["noise"]))
+    return {"agree": diff <= 1e-3, "max_diff": diff}
+
+
 def _compare_sinkhorn(ours: dict, dense: dict, sizes: dict) -> dict:
     diff = max(_relative(ours["f"], dense["f"]), _relative(ours["g"], dense["g"]))
     return {"agree": diff <= 1e-3, "max_diff": diff}
@@ -266,6 +343,9 @@ SCRIPTS = {
                   ("density",), _compare_kde),
     "sinkhorn": Script("log-domain Sinkhorn, 50 iterations, {n} x {n}, 3-D", lambda s: {"n": _n(5000, s, 50)},
                        SINKHORN_LT, SINKHORN_DENSE, ("f", "g"), _compare_sinkhorn),
+    "gp": Script("GPyTorch exact GP fit, KeOps RBF kernel (`install()`): {steps} Adam steps of the marginal likelihood, "
+                 "{n} points in 3-D", lambda s: {"n": _n(2000, s, 100), "steps": 20}, GP_LT, GP_DENSE,
+                 ("lengthscale", "noise"), _compare_gp),
 }
 
 
