@@ -225,7 +225,9 @@ class Tape:
     def write(self, reductions, tensors, ranges, outs) -> None:
         if self.playing or self.passes is None:
             return
-        self.passes.append((self._key(reductions, tensors, ranges), tuple(t for o in outs for t in o)))
+        # detached aliases: an output that carries the tape (``library.reduce``) is not held by it, so no cycle
+        # keeps the outputs alive until a garbage collection
+        self.passes.append((self._key(reductions, tensors, ranges), tuple(t.detach() for o in outs for t in o)))
         if len(self.passes) > self.LIMIT:
             self.passes = None
 
