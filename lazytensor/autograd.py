@@ -225,8 +225,8 @@ class Tape:
     def write(self, reductions, tensors, ranges, outs) -> None:
         if self.playing or self.passes is None:
             return
-        # detached aliases: an output that carries the tape (``library.reduce``) is not held by it, so no cycle
-        # keeps the outputs alive until a garbage collection
+        # detached aliases: should a pass's output be the very tensor that carries the tape (``library.reduce``),
+        # the tape does not hold it, and no reference cycle waits for a garbage collection to free it
         self.passes.append((self._key(reductions, tensors, ranges), tuple(t.detach() for o in outs for t in o)))
         if len(self.passes) > self.LIMIT:
             self.passes = None
