@@ -23,8 +23,6 @@ Nothing N x M is saved or built.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 from dataclasses import dataclass
 
@@ -55,7 +53,6 @@ class Pass:
     chunk_size: object
     ranges: object = None  # block-sparse: the (row block, column block) pairs to visit
     sharding: object = None  # lazytensor.distributed.Sharding: the j axis is this rank's shard
-    given: tuple | None = None  # the pass's flat outputs, computed before (``Tape``): nothing to run
 
     @property
     def options(self) -> dict:
@@ -74,8 +71,6 @@ class Pass:
 
 
 def _run(spec: Pass, tensors, problem: Problem | None = None) -> list[tuple]:
-    if spec.given is not None:
-        return spec.split([t.detach() for t in spec.given])
     problem = spec.problem(tensors) if problem is None else problem
     single = [r for r in spec.reductions if r.single_pass]
     options = spec.options
@@ -89,7 +84,7 @@ class Streamed(torch.autograd.Function):
 
     @staticmethod
     def forward(spec: Pass, *tensors):
-        return tuple(t for outs in _run(spec, tensors) for t in outs)  # detached when given: autograd owns its outputs
+        return tuple(t for outs in _run(spec, tensors) for t in outs)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -169,78 +164,17 @@ def reduce(problem: Problem, reductions, backend: str = "auto", chunk_size=None,
     (``Reduction.over_nothing``), also in every derivative pass; with a
     ``sharding`` the j axis is this rank's shard and the outputs are the full results.
     """
-    tensors = [problem.tensors[s] for s in problem.order]
-    tape = _TAPE.get()
-    given = tape.take(reductions, tensors, ranges) if tape is not None else None
     spec = Pass(problem.info, tuple(problem.order), tuple(reductions), engine.check_backend(backend), chunk_size,
-                ranges, sharding, given)
+                ranges, sharding)
+    tensors = [problem.tensors[s] for s in problem.order]
     if _differentiated(tensors):
         outs = spec.split(Streamed.apply(spec, *tensors))
     else:  # the problem as it is (outside the function, which takes tensors)
         outs = _run(spec, tensors, problem)
-    if tape is not None and given is None:
-        tape.write(reductions, tensors, ranges, outs)
     if ranges is None:
         return outs
     kept = ranges.kept(problem.device)  # sums over i (backward passes) need none: a column kept by no row stays 0
     return [o if r.reduced_axis == "i" or not r.single_pass else r.over_nothing(o, kept) for r, o in zip(reductions, outs)]
-
-
-class Tape:
-    """The outputs of a call's passes, handed back when the same call runs again.
-
-    Why: ``lazytensor.library``'s operator reduces without autograd, and its
-    backward replays the call with gradients on to reach the engine's
-    streamed backward. Played back, each pass of that replay takes the
-    outputs its first run computed (``Pass.given``) instead of running, so
-    the backward costs its own pass only, as eagerly. A pass is matched by
-    its reductions' structure and its tensors' shapes and dtypes; the first
-    that does not match ends the tape (the rest is computed), and a call of
-    more than ``LIMIT`` passes (a solver's iterations) keeps none.
-    """
-
-    LIMIT = 8
-
-    def __init__(self):
-        self.passes: list | None = []
-        self.playing = False
-
-    @contextlib.contextmanager
-    def recording(self, playing: bool = False):
-        """Record the passes run inside (``playing``: hand the recorded ones back instead)."""
-        self.playing, at = playing, self.passes
-        token = _TAPE.set(self)
-        try:
-            yield self
-        finally:
-            _TAPE.reset(token)
-            if playing:
-                self.passes = at  # played again by the next backward (retain_graph, double calls)
-
-    @staticmethod
-    def _key(reductions, tensors, ranges) -> tuple:
-        structure = tuple((type(r), getattr(r, "signature", None), tuple(getattr(r, "expressions", ()))) for r in reductions)
-        return structure, tuple((t.shape, t.dtype, t.device) for t in tensors), ranges is None
-
-    def write(self, reductions, tensors, ranges, outs) -> None:
-        if self.playing or self.passes is None:
-            return
-        # detached aliases: should a pass's output be the very tensor that carries the tape (``library.reduce``),
-        # the tape does not hold it, and no reference cycle waits for a garbage collection to free it
-        self.passes.append((self._key(reductions, tensors, ranges), tuple(t.detach() for o in outs for t in o)))
-        if len(self.passes) > self.LIMIT:
-            self.passes = None
-
-    def take(self, reductions, tensors, ranges) -> tuple | None:
-        """The next recorded pass's flat outputs when it is this pass, else None (and the tape ends)."""
-        if not self.playing or not self.passes:
-            return None
-        (key, outs), *rest = self.passes
-        self.passes = rest if key == self._key(reductions, tensors, ranges) else None
-        return outs if self.passes is not None else None
-
-
-_TAPE: contextvars.ContextVar[Tape | None] = contextvars.ContextVar("lazytensor_tape", default=None)
 
 
 def _differentiated(tensors) -> bool:

@@ -10,23 +10,22 @@ a Python literal in which every tensor is its position in one list, and calls
 the real tensors as an ordinary LazyTensor (the eager path, unchanged); its fake implementation
 replays it on zeros with one row to learn the outputs' trailing shape and dtype, and takes their
 batch and row sizes (symbolic under export) from the inputs; its derivative is
-``lazytensor::reduce_vjp``: the replay differentiated by the engine's own streamed backward, its
-passes handed the outputs the forward computed (``autograd.Tape``, left on the outputs) so that only the
-backward's own pass runs. The key needs no registry, so an exported program runs in a new
+``lazytensor::reduce_vjp``: the engine's own streamed backward of the replay. Where a gradient will
+flow (known while tracing), the forward replays with autograd on and leaves the graph on its outputs,
+so the backward runs only the backward's passes, as eagerly. The key needs no registry, so an exported program runs in a new
 process once ``lazytensor.library`` is imported. A named operator (``rbf_matmul``, ``attention``, ...) is
 one such node too, its call replayed as a whole.
 """
 from __future__ import annotations
 
 import ast
-import contextlib
 import functools
 import inspect
 import operator
 
 import torch
 
-from . import autograd, lazy_tensor, ops, run
+from . import lazy_tensor, ops, run
 from .lazy_tensor import LazyTensor
 from .opaque import tracing
 
@@ -41,7 +40,7 @@ OPERATORS = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__"
 NAMED_OPERATORS = ("distance_sum", "rbf_matmul", "distance_quantile", "kernel_regression", "knn_regression", "attention")
 # The operators' arguments and derivative; in every key, so that compile caches, which key a graph by its
 # forward only, and exported programs never pair a key with operators of another version.
-KEY_VERSION = 2
+KEY_VERSION = 3
 _replaying = [0]  # > 0 while a record is replayed (non-strict export traces the replay with tracing() true)
 
 
@@ -53,8 +52,15 @@ def recording() -> bool:
 def named_operator(name: str, args: tuple, kwargs: dict):
     """The named operator ``ops.<name>(*args, **kwargs)`` as one ``lazytensor::reduce`` node."""
     tensors = []
-    outs = torch.ops.lazytensor.reduce(record_key(Deferred(("fn", name, args, kwargs), 0), tensors), tensors)
+    key = record_key(Deferred(("fn", name, args, kwargs), 0), tensors)
+    outs = torch.ops.lazytensor.reduce(key, tensors, _gradient_reaches(tensors))
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _gradient_reaches(tensors: list) -> list[bool]:
+    """Which tensors a gradient will reach, read while tracing (Dynamo guards on both): the operator builds
+    the autograd graph of its replay for them in the forward, where the backward finds it."""
+    return [torch.is_grad_enabled() and t.requires_grad and t.is_floating_point() for t in tensors]
 
 
 class Deferred:
@@ -87,7 +93,7 @@ class Deferred:
             raise ValueError("out= is not supported while a compiler traces a reduction")
         tensors = []
         key = record_key(Deferred(("call", name, self, args, kwargs), self.nbatch), tensors)
-        outs = torch.ops.lazytensor.reduce(key, tensors)
+        outs = torch.ops.lazytensor.reduce(key, tensors, _gradient_reaches(tensors))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     @classmethod
@@ -244,18 +250,24 @@ def _evaluated(key: str, tensors, **override) -> list:
 
 # -- the operators ----------------------------------------------------------------------------
 @torch.library.custom_op("lazytensor::reduce", mutates_args=())
-def reduce(key: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The reduction ``key`` records, of ``tensors``: its outputs, as the eager call returns them."""
-    tape = autograd.Tape()
-    with torch.no_grad(), tape.recording():
-        outs = [o.clone() if o._is_view() else o for o in _evaluated(key, tensors)]
-    for o in outs:  # for the backward (``_played``), while the output is as computed
-        o._lazytensor_tape = (tape, o._version)
+def reduce(key: str, tensors: list[torch.Tensor], needs: list[bool]) -> list[torch.Tensor]:
+    """The reduction ``key`` records, of ``tensors``: its outputs, as the eager call returns them. Where a gradient
+    will reach ``needs``-ed tensors, the replay runs with autograd on and its graph stays on the outputs
+    (``_graph``): the backward differentiates it as eager's would, with no second forward."""
+    if not any(needs):
+        with torch.no_grad():
+            return [o.clone() if o._is_view() else o for o in _evaluated(key, tensors)]
+    with _autograd_back(), torch.enable_grad():
+        inputs = [t.detach().requires_grad_(need) for t, need in zip(tensors, needs)]
+        graph = _evaluated(key, inputs)
+    outs = [o.detach().clone() if o._is_view() else o.detach() for o in graph]
+    for o in outs:  # aliases of the graph's outputs, not the outputs themselves: no reference cycle
+        o._lazytensor_graph = (inputs, graph, o._version)
     return outs
 
 
 @reduce.register_fake
-def _(key, tensors):
+def _(key, tensors, needs):
     from torch.fx.experimental.symbolic_shapes import optimization_hint
 
     node = decode(key)
@@ -323,20 +335,36 @@ def _tensors(node) -> list:
 
 @torch.library.custom_op("lazytensor::reduce_vjp", mutates_args=())
 def reduce_vjp(key: str, tensors: list[torch.Tensor], outputs: list[torch.Tensor], grads: list[torch.Tensor | None],
-                    needs: list[bool]) -> list[torch.Tensor]:
+               needs: list[bool]) -> list[torch.Tensor]:
     """Cotangents ``grads`` of the ``outputs`` of ``reduce(key, tensors)`` pulled back to the ``needs``-ed tensors
-    through the engine's streamed backward; zeros for the others. The forward's passes are played back from
-    its tape (``_played``), or recomputed when the outputs have none."""
+    through the engine's streamed backward; zeros for the others. The graph the forward left on its outputs is
+    differentiated (``_graph``); without one (a compiler copied the outputs, one changed in place, a program
+    exported without gradients) the record is replayed with autograd on: its forward passes run again."""
     with _autograd_back(), torch.enable_grad():
-        inputs = [t.detach().requires_grad_(need and t.is_floating_point()) for t, need in zip(tensors, needs)]
-        with _played(outputs):
+        inputs, outs = _graph(outputs, needs)
+        if inputs is None:
+            inputs = [t.detach().requires_grad_(need and t.is_floating_point()) for t, need in zip(tensors, needs)]
             outs = _evaluated(key, inputs)
         pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
-        wanted = [t for t in inputs if t.requires_grad]
-        got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+        wanted = [t for t, need in zip(inputs, needs) if need and t.requires_grad]
+        got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True,
+                                       retain_graph=True)
                    if pairs and wanted else [None] * len(wanted))
-    out = [next(got) if t.requires_grad else None for t in inputs]
+    out = [next(got) if need and t.requires_grad else None for t, need in zip(inputs, needs)]
     return [torch.zeros_like(t) if g is None else g for g, t in zip(out, tensors)]
+
+
+def _graph(outputs: list[torch.Tensor], needs: list[bool]) -> tuple:
+    """(inputs, outputs) of the autograd graph ``reduce`` left on ``outputs``, if every output still carries it
+    unchanged and it reaches every ``needs``-ed input; else (None, None)."""
+    marks = [getattr(o, "_lazytensor_graph", None) for o in outputs]
+    if not marks or marks[0] is None:
+        return None, None
+    inputs, graph, _ = marks[0]
+    if any(m is None or m[1] is not graph or m[2] != o._version for m, o in zip(marks, outputs)) or \
+            any(need and not t.requires_grad for t, need in zip(inputs, needs)):
+        return None, None
+    return inputs, graph
 
 
 def _autograd_back():
@@ -351,23 +379,13 @@ _AUTOGRAD_KEYS = functools.reduce(operator.or_, [torch._C.DispatchKeySet(getattr
                                                  if name.startswith("Autograd") or name == "ADInplaceOrView"])
 
 
-def _played(outputs: list[torch.Tensor]):
-    """The tape ``reduce`` left on ``outputs``, played back, if every output still carries it unchanged; else nothing
-    (a compiler that copied an output, an output changed in place since: the passes are recomputed)."""
-    marks = [getattr(o, "_lazytensor_tape", None) for o in outputs]
-    tape = marks[0][0] if marks and marks[0] else None
-    if tape is None or any(m is None or m[0] is not tape or m[1] != o._version for m, o in zip(marks, outputs)):
-        return contextlib.nullcontext()
-    return tape.recording(playing=True)
-
-
 @reduce_vjp.register_fake
 def _(key, tensors, outputs, grads, needs):
     return [torch.empty_like(t) for t in tensors]
 
 
 def _setup(ctx, inputs, output):
-    ctx.key, tensors = inputs
+    ctx.key, tensors, _ = inputs
     ctx.needs = [t.requires_grad for t in tensors]
     ctx.count = len(tensors)
     ctx.save_for_backward(*tensors, *output)
@@ -376,7 +394,7 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, grads):
     saved = list(ctx.saved_tensors)
     grads = torch.ops.lazytensor.reduce_vjp(ctx.key, saved[:ctx.count], saved[ctx.count:], list(grads), ctx.needs)
-    return None, [g if need else None for g, need in zip(grads, ctx.needs)]
+    return None, [g if need else None for g, need in zip(grads, ctx.needs)], None
 
 
 reduce.register_autograd(_backward, setup_context=_setup)

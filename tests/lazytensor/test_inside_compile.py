@@ -125,8 +125,8 @@ def test_float32_gradients_of_a_compiled_reduction_are_float32_accurate():
 
 
 def test_a_compiled_training_step_runs_the_passes_an_eager_one_does(monkeypatch):
-    """The backward plays back the forward's passes from its tape (autograd.Tape) instead of running them
-    (the first compiled call also runs each reduction once on one row, for its shapes)."""
+    """The forward leaves its autograd graph on its outputs and the backward differentiates it, instead of
+    replaying the forward (the first compiled call also runs each reduction once on one row, for its shapes)."""
     torch._dynamo.reset()
     from lazytensor import engine
 
@@ -147,3 +147,26 @@ def test_a_key_of_other_operators_is_refused():
     key = library.record_key(library.Deferred.call("lazy", X, "i").exp(), [])
     with pytest.raises(ValueError, match="version"):
         library.decode(key.replace(f"({library.KEY_VERSION},", f"({library.KEY_VERSION + 1},", 1))
+
+
+def test_without_the_forward_graph_the_backward_replays_the_record(monkeypatch):
+    """An operator called outside a compiled graph (an exported program run eagerly: autograd hands the backward
+    new tensor objects for the saved outputs), or traced without gradients, finds no graph on its outputs: the
+    backward replays the record first (one forward pass more). The gradient is the same."""
+    from lazytensor import engine
+
+    passes = []
+    stream = engine.stream
+    monkeypatch.setattr(engine, "stream", lambda *a, **k: passes.append(1) or stream(*a, **k))
+    x = X.clone().requires_grad_()
+    tensors = []
+    rec = (-0.5 * library.Deferred.call("lazy", x, "i").sqdist(library.Deferred.call("lazy", Y, "j"))).exp()
+    key = library.record_key(library.Deferred(("call", "matmul", rec, (B,), {}), 0), tensors)
+    for needs in ([True, False, False], [False, False, False]):
+        passes.clear()
+        (out,) = torch.ops.lazytensor.reduce(key, tensors, needs)
+        (got,) = torch.autograd.grad(out.sin().sum(), x)
+        assert len(passes) == 3
+        x_eager = X.clone().requires_grad_()
+        (expected,) = torch.autograd.grad(((-0.5 * lt.Vi(x_eager).sqdist(lt.Vj(Y))).exp() @ B).sin().sum(), x_eager)
+        torch.testing.assert_close(got, expected)
