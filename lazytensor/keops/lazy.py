@@ -23,7 +23,7 @@ import copy
 import numpy as np
 import torch
 
-from .. import ir, variables
+from .. import ir, kept_kernel, variables
 from ..lazy_tensor import LazyTensor as CoreLazyTensor
 
 # KeOps's map-reduce schemes: how KeOps schedules its loop, not what it computes. Ours picks its own.
@@ -219,9 +219,12 @@ class LazyTensor(CoreLazyTensor):
 
     # -- linear operator
     def matmul(self, v, **kwargs):
-        """K @ v: the sum over j of K_ij v_j, v dense (M, E) or (*batch, M, E)."""
+        """K @ v: the sum over j of K_ij v_j, v dense (M, E) or (*batch, M, E). KeOps's clients multiply one kernel
+        by many right-hand sides (GPyTorch's CG and Lanczos): a small one keeps its matrix (``kept_kernel``)."""
         opts = options(kwargs, "matmul", self.dtype)
-        return _rounded_back(CoreLazyTensor.matmul(self._anchored("j"), v, **opts), opts, self.dtype)
+        K = self._anchored("j")
+        kept = kept_kernel.product(K, v, {"ranges": K.ranges, **opts})
+        return _rounded_back(CoreLazyTensor.matmul(K, v, **opts) if kept is None else kept, opts, self.dtype)
 
     __matmul__ = matmul
 
