@@ -234,37 +234,8 @@ lengthscale = model.covar.base_kernel.lengthscale.detach()
 noise = likelihood.noise.detach()
 """
 
-GP_DENSE = """\
-import torch
-import gpytorch
-
-torch.manual_seed(0)
-N = {n}
-x = torch.rand(N, 3)
-y = torch.sin(6 * x).sum(-1) + 0.1 * torch.randn(N)
-
-class GP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, likelihood):
-        super().__init__(x, y, likelihood)
-        self.mean = gpytorch.means.ConstantMean()
-        self.covar = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
-
-    def forward(self, z):
-        return gpytorch.distributions.MultivariateNormal(self.mean(z), self.covar(z))
-
-likelihood = gpytorch.likelihoods.GaussianLikelihood()
-model = GP(x, y, likelihood)
-model.train()
-optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
-mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
-for _ in range({steps}):
-    optimizer.zero_grad()
-    loss = -mll(model(x), y)
-    loss.backward()
-    optimizer.step()
-lengthscale = model.covar.base_kernel.lengthscale.detach()
-noise = likelihood.noise.detach()
-"""
+_GP_INSTALL = "import lazytensor.keops\nlazytensor.keops.install()  # GPyTorch's KeOps kernels run on lazytensor\n"
+GP_DENSE = GP_LT.replace(_GP_INSTALL, "").replace("gpytorch.kernels.keops.RBFKernel()", "gpytorch.kernels.RBFKernel()")
 
 
 

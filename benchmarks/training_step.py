@@ -5,7 +5,9 @@
 The step is issue 44's: a Gaussian kernel product and a log-sum-exp of N points against N in 3-D,
 float32, the loss's value and its gradient in the points. The three steps alternate round by round
 (after three untimed rounds, the compile among them), so a busy moment hits them alike; each figure
-is the median step in milliseconds, with compiled / eager and eager / dense beside it; one JSON line.
+is the median step in milliseconds, with compiled / eager and eager / dense beside it, and ``first``
+the first step of each in this process (the compiled one's includes Dynamo and Inductor's compile of
+the step, with the project's warm or cold inductor cache as it is); one JSON line.
 Dense torch builds the N x N matrix (skipped above ``--dense-max``).
 """
 from __future__ import annotations
@@ -54,7 +56,8 @@ def main() -> None:
             if not rounds and k == 4:  # about 20 s a size from the first timed round
                 rounds = max(3, min(200, int(20 / sum(t[-1] for t in times.values()))))
         ms = {name: round(statistics.median(t[3:]) * 1e3, 2) for name, t in times.items()}
-        rows[n] = {**ms, "compiled/eager": round(ms["compiled"] / ms["eager"], 2),
+        rows[n] = {**ms, "first": {name: round(t[0] * 1e3, 1) for name, t in times.items()},
+                   "compiled/eager": round(ms["compiled"] / ms["eager"], 2),
                    **({"eager/dense": round(ms["eager"] / ms["dense"], 2)} if "dense" in ms else {}),
                    "rounds": len(times["eager"]) - 3}
         torch._dynamo.reset()

@@ -167,7 +167,7 @@ def reduce(problem: Problem, reductions, backend: str = "auto", chunk_size=None,
     spec = Pass(problem.info, tuple(problem.order), tuple(reductions), engine.check_backend(backend), chunk_size,
                 ranges, sharding)
     tensors = [problem.tensors[s] for s in problem.order]
-    if _differentiated(tensors):
+    if differentiated(tensors):
         outs = spec.split(Streamed.apply(spec, *tensors))
     else:  # the problem as it is (outside the function, which takes tensors)
         outs = _run(spec, tensors, problem)
@@ -177,7 +177,7 @@ def reduce(problem: Problem, reductions, backend: str = "auto", chunk_size=None,
     return [o if r.reduced_axis == "i" or not r.single_pass else r.over_nothing(o, kept) for r, o in zip(reductions, outs)]
 
 
-def _differentiated(tensors) -> bool:
+def differentiated(tensors) -> bool:
     """Whether a derivative may flow through the pass: a tensor that requires grad, a forward-mode
     dual level, a torch.func transform or a compiler tracing the call. Without one the pass runs
     outside the autograd function, whose ``apply`` costs ~0.1 ms a call (it binds the forward's

@@ -37,7 +37,8 @@ BACKENDS = ("auto", "compiled", "eager")
 # An eager tile of fewer rows reads its column blocks where they lie (a (B, D, m) view) instead of a
 # features-first copy: the copy is a pass over the block, as much work as a one-row tile's own (one
 # query against 200000 points, D = 3, with 4 weight columns: the copies were 2.9 ms of a 4.2 ms product;
-# from 4 rows on the copy's contiguous reads paid for it, benchmarks/skinny.py's sizes).
+# from 4 rows on the copy's contiguous reads paid for it, benchmarks/skinny.py's sizes). Measured on CPU only:
+# a GPU keeps its copies.
 EAGER_FEATURES_FIRST_MIN_ROWS = 4
 # Which route each pass took ("eager", "compiled", "eager, then compiled": the auto tier switched
 # mid-pass): tests read it to check the route, never a wall-clock time.
@@ -324,7 +325,7 @@ class _TileLoop:
 
     def _columns(self, plan: TilePlan, compiled: bool, c0: int, c1: int):
         """The j-blocks (features first) and column mask of [c0, c1)."""
-        first = compiled or plan.rows >= EAGER_FEATURES_FIRST_MIN_ROWS
+        first = compiled or plan.rows >= EAGER_FEATURES_FIRST_MIN_ROWS or self.problem.device.type != "cpu"
         blocks = [_block(self.tensors[s], c0, c1, plan.cols, compiled, features_first=first) for s in self.j_syms]
         blocks = blocks if first else [b.transpose(1, 2) for b in blocks]
         return blocks, _valid(blocks[0].shape[2], max(0, min(c1, self.m) - c0), self.problem.dtype, self.problem.device, 2)

@@ -16,10 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
-from torch.autograd import forward_ad
 
-from . import engine, ir, variables
-from .opaque import tracing
+from . import autograd, engine, ir, variables
 from .reductions.values import Values
 
 MAX_PAIRS = 1 << 22  # N x M of a kept matrix (16 MiB in float32)
@@ -58,26 +56,24 @@ def product(K, b, options: dict) -> torch.Tensor | None:
 def _eligible(K, b, options: dict) -> bool:
     """A product this route may serve: a plain ``K @ b`` (no options, no batch, no NumPy), one mixed scalar
     formula of float32 / float64 tensors small enough to keep, and no gradient, tangent or transform through it."""
-    if tracing() or options.get("ranges") is not None or set(options) - {"ranges"} or K.width != 1:
+    if options.get("ranges") is not None or set(options) - {"ranges"} or K.width != 1:
         return False
     if not isinstance(b, torch.Tensor) or b.dim() not in (1, 2) or b.dtype not in (torch.float32, torch.float64):
         return False
     kept = [v for v in K.variables.values() if not v.follows_dtype]
     if not kept or any(v.numpy or v.tensor.dim() != (1 if v.axis == "p" else 2) or v.tensor.dtype != b.dtype
-                       or v.tensor.device != b.device for v in K.variables.values() if not v.follows_dtype):
+                       or v.tensor.device != b.device for v in kept):
         return False
     sizes = {v.axis: v.tensor.shape[0] for v in kept if v.axis != "p"}
     if set(sizes) != {"i", "j"} or sizes["j"] != b.shape[0] or not 0 < sizes["i"] * sizes["j"] <= MAX_PAIRS:
         return False
     if not {"i", "j"} <= {K.variables[s].axis for s in K.expr.free_symbols}:  # sympy folded it to one side
         return False
-    if forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active():
-        return False
-    return not (torch.is_grad_enabled() and (b.requires_grad or any(v.tensor.requires_grad for v in kept)))
+    return not autograd.differentiated([b, *(v.tensor for v in kept)])
 
 
 def _matrix(K) -> torch.Tensor:
     """K's values on every pair, (N, M): one eager pass that keeps its tiles."""
     problem, _ = variables.problem(K.variables, "j")
-    ((values,),) = engine.stream(problem, [Values(ir.numeric(K.expr), problem.info)], backend="eager")
+    ((values,),) = engine.stream(problem, [Values(ir.numeric(K.expr))], backend="eager")
     return values[0]

@@ -105,7 +105,8 @@ def _plan(n: int, m: int, given, compiled: bool, device_type: str, batch: int, p
     call); ``pair_bytes``: an eager tile's bytes per pair, its widest intermediate plus two."""
     (PAIRS_PER_TILE, TILE_BUDGET_BYTES, MAX_TILE_ROWS, MAX_TILE_COLS, MIN_TILE,  # noqa: N806 - the module's limits
      CUDA_PAIRS_PER_TILE, CUDA_TILE_BUDGET_BYTES, CUDA_MAX_TILE) = limits
-    span_n, span_m = (bucket(n), bucket(m)) if compiled else (max(n, 1), max(m, 1))  # an eager tile is never padded
+    # an eager CPU tile is never padded: its plan takes the sizes as they are (measured on CPU only; a GPU keeps buckets)
+    span_n, span_m = (max(n, 1), max(m, 1)) if not compiled and device_type == "cpu" else (bucket(n), bucket(m))
     if given is not None:
         rows, cols = given
     elif device_type == "cpu" and hints:

@@ -14,7 +14,7 @@ from .base import Consumer, masked
 class Values(Consumer):
     """(B, N, M) values of a formula of feature size 1 that depends on both i and j."""
 
-    def __init__(self, expr: sympy.Expr, info: dict):
+    def __init__(self, expr: sympy.Expr):
         self.expressions = [expr]
         self.dim = 1
         self.signature = ("values",)

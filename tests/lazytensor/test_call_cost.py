@@ -240,11 +240,17 @@ def test_a_skinny_eager_tile_reads_its_column_blocks_in_place(monkeypatch, n):
         return out
 
     monkeypatch.setattr(engine._TileLoop, "_columns", spy)
-    x, y, b = torch.randn(n, 3), torch.randn(300, 3), torch.randn(300, 4)
+    x, y = torch.randn(n, 3, dtype=torch.float64, requires_grad=True), torch.randn(300, 3, dtype=torch.float64,
+                                                                                 requires_grad=True)
+    b = torch.randn(300, 4, dtype=torch.float64)
     got = (-lt.Vi(x).sqdist(lt.Vj(y))).exp().matmul(b, backend="eager")
-    torch.testing.assert_close(got, torch.exp(-torch.cdist(x, y) ** 2) @ b)
+    expected = torch.exp(-((x[:, None] - y[None]) ** 2).sum(-1)) @ b
+    torch.testing.assert_close(got, expected)
+    w = torch.randn_like(expected)  # the backward's passes read the same blocks
+    for g, e in zip(torch.autograd.grad((got * w).sum(), (x, y)), torch.autograd.grad((expected * w).sum(), (x, y))):
+        torch.testing.assert_close(g, e)
     in_place = [blk.untyped_storage().data_ptr() in (y.untyped_storage().data_ptr(), b.untyped_storage().data_ptr())
-                for blk in blocks]
+                for blk in blocks[:2]]  # the forward's blocks (the backward's are its own cotangents')
     assert blocks and all(in_place) == (n < engine.EAGER_FEATURES_FIRST_MIN_ROWS) and any(in_place) == all(in_place)
 
 
