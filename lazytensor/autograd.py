@@ -240,7 +240,8 @@ _SUMS = Kept()  # derivative passes' sums (``_Collector._sum``)
 
 @functools.lru_cache(maxsize=1024)
 def _vjp(pairs: tuple, wanted: tuple, info: tuple) -> dict:
-    """``diff.vjp``, kept: a training loop's backward differentiates the same formulas every step (read only)."""
+    """``diff.vjp``, kept (every collector's call): a training loop's backward differentiates the same formulas
+    every step (the dict is shared: read only)."""
     return diff.vjp(list(pairs), list(wanted), dict(info))
 
 
@@ -305,7 +306,7 @@ class Backward(_Collector):
         self.pairs.append((expr, cot))
         found = expr.free_symbols & self.softmaxes.keys()
         for w in found:
-            on_weight = diff.vjp([(expr, cot)], [w], self.info)[w]
+            on_weight = _vjp(((expr, cot),), (w,), tuple(self.info.items()))[w]
             if on_weight != 0:
                 self.weighted.append((self.softmaxes[w], on_weight, centre if len(found) == 1 else None))
 
@@ -339,7 +340,7 @@ class Backward(_Collector):
                     cot = cot * mine.unsqueeze(-1)
                 pairs, selections = _pairs(self.full_problem(), index, self.fresh())
                 g = pairs.extended({self.fresh(): (cot.reshape(cot.shape[0], -1, cot.shape[-1]), "i")})
-                formulas = diff.vjp([(expr, g.order[-1])], self.wanted, g.info).items()
+                formulas = _vjp(((expr, g.order[-1]),), tuple(self.wanted), tuple(g.info.items())).items()
                 contributions = {sym: self._unpair(sym, c, index, selections)
                                  for sym, c in self._gradients(g, formulas, **_PAIRS).items()}
             for sym in self.wanted:
