@@ -22,7 +22,23 @@ torch._dynamo.config.fail_on_recompile_limit_hit = True
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-    yield
-    from lazytensor import compile
 
-    compile.wait_for_background_compiles(300)  # a test's background compile never runs into the next test
+
+def _then_wait_for_background_compiles(item):
+    """Each test phase ends when its background compiles have (one never runs into the next phase or test).
+
+    The wait sits at the end of the phase, not in a fixture's teardown: each phase begins with pytest's
+    log capture walking ``logging``'s logger dict unlocked, and a compile in a thread of this process
+    (the suite's ``LAZYTENSOR_COMPILE_ASIDE=thread``) imports Dynamo and Inductor modules, adding loggers
+    to that dict: CI failed with "dictionary changed size during iteration" at a teardown.
+    """
+    try:
+        return (yield)
+    finally:
+        from lazytensor import compile
+
+        compile.wait_for_background_compiles(300)
+
+
+pytest_runtest_setup = pytest_runtest_call = pytest_runtest_teardown = pytest.hookimpl(wrapper=True)(
+    _then_wait_for_background_compiles)
