@@ -29,6 +29,10 @@ from .reductions import named
 _FEATURES = ("features", -1)
 
 
+def is_feature_dim(dim, nbatch: int) -> bool:
+    return dim in _FEATURES or (isinstance(dim, int) and not isinstance(dim, bool) and dim in (2, nbatch + 2))
+
+
 def _operator(fn, reverse: bool = False, doc: str | None = None):
     """A method combining self with another operand entrywise by ``fn`` (``reverse``: fn(other, self))."""
     def method(self, other):
@@ -77,6 +81,12 @@ class LazyTensor:
     # Inside a caller's torch.compile, Dynamo would trace sympy and the tile engine (17 s at the first call, then
     # 2 ms a call at 40 x 50, with two dozen warnings); as opaque calls (graph breaks) 2.2 s, then 0.66 ms.
     # ``opaque`` is ``torch.compiler.disable`` that leaves Dynamo unimported until the caller imports it.
+    def __new__(cls, x=None, axis=None, *args, **kwargs):
+        """While a compiler traces, ``cls(x, axis)`` is recorded instead (``library.Deferred``, of flavour ``cls``)."""
+        if x is not None and tracing() and (recorded := _recorded("new", cls, x, axis)) is not None:
+            return recorded
+        return super().__new__(cls)
+
     @opaque
     def __init__(self, x, axis=None):
         if isinstance(x, LazyTensor):
@@ -366,7 +376,7 @@ class LazyTensor:
 
     # -- reductions: names of the ``reductions.named`` table -------------------------
     def _is_feature_dim(self, dim) -> bool:
-        return dim in _FEATURES or (isinstance(dim, int) and not isinstance(dim, bool) and dim in (2, self.nbatchdims + 2))
+        return is_feature_dim(dim, self.nbatchdims)
 
     def _reduce(self, name: str, argument, dim, options: dict):
         """The named reduction over ``dim`` (or ``axis=``): a tensor, or a tuple for several public outputs."""
@@ -542,8 +552,6 @@ def lazy(t, axis) -> LazyTensor:
     """Wrap ``t`` as an "i"- or "j"-indexed variable ((N, D) or (*batch, N, D)) or a parameter ("p": (D,) or (*batch, D))."""
     if not isinstance(t, (torch.Tensor, np.ndarray)):
         raise TypeError(f"lazy expects a torch.Tensor or a NumPy array, got {type(t).__name__}")
-    if tracing() and (recorded := _recorded("lazy", t, variables.axis_name(axis))) is not None:
-        return recorded
     return LazyTensor(t, variables.axis_name(axis))
 
 
@@ -565,8 +573,6 @@ def Vj(t) -> LazyTensor:
 def Pm(t) -> LazyTensor:
     """A parameter (scalar, (D,) or batched (*batch, D) tensor); a Python number follows the formula's dtype."""
     if isinstance(t, (int, float)) and not isinstance(t, bool):
-        if tracing() and (recorded := _recorded("Pm", t)) is not None:
-            return recorded
         return LazyTensor([t])
     return lazy(t, "p")
 

@@ -20,27 +20,31 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 import inspect
 import operator
 
 import torch
 
-from . import lazy_tensor, ops, run
+from . import lazy_tensor, ops, run, variables
 from .lazy_tensor import LazyTensor
 from .opaque import tracing
 
-# Methods of a formula that reduce it (the rest return formulas); sum, min, ... over the feature axis are formulas.
-REDUCTIONS = {"sum", "logsumexp", "max_sumshiftexp", "softmax_weighted_sum", "min", "argmin", "min_argmin", "max",
+# The methods of a formula that reduce it (sum, min, ... over the feature axis give formulas).
+REDUCTIONS = ("sum", "logsumexp", "max_sumshiftexp", "softmax_weighted_sum", "min", "argmin", "min_argmin", "max",
               "argmax", "max_argmax", "kmin", "argkmin", "kmin_argkmin", "quantile", "matmul", "matvec", "rmatvec",
-              "solve"}
-FEATURE_REDUCTIONS = {"sum", "min", "argmin", "max", "argmax"}
+              "solve")
+FEATURE_REDUCTIONS = ("sum", "min", "argmin", "max", "argmax")
+# every spelling of a reduction (KeOps's too: ``sum_reduction``, ``Kmin``, ``__matmul__``) -> its name in REDUCTIONS
+_REDUCTION_OF = {name: reduction for name, value in vars(LazyTensor).items() for reduction in REDUCTIONS
+                 if getattr(LazyTensor, reduction) is value}
 OPERATORS = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
              "__pow__", "__rpow__", "__neg__", "__abs__", "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__",
              "__or__", "__ror__", "__getitem__", "__matmul__")
 NAMED_OPERATORS = ("distance_sum", "rbf_matmul", "distance_quantile", "kernel_regression", "knn_regression", "attention")
 # The operators' arguments and derivative; in every key, so that compile caches, which key a graph by its
 # forward only, and exported programs never pair a key with operators of another version.
-KEY_VERSION = 3
+KEY_VERSION = 4
 _replaying = [0]  # > 0 while a record is replayed (non-strict export traces the replay with tracing() true)
 
 
@@ -51,10 +55,33 @@ def recording() -> bool:
 
 def named_operator(name: str, args: tuple, kwargs: dict):
     """The named operator ``ops.<name>(*args, **kwargs)`` as one ``lazytensor::reduce`` node."""
+    return _operator(Deferred(("fn", name, args, kwargs), 0), None)
+
+
+def _operator(record: "Deferred", reduced: str | None):
+    """The reduction ``record`` (reducing axis ``reduced``; None for a named operator) as one operator node."""
     tensors = []
-    key = record_key(Deferred(("fn", name, args, kwargs), 0), tensors)
+    key = record_key(record, reduced, tensors)
     outs = torch.ops.lazytensor.reduce(key, tensors, _gradient_reaches(tensors))
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def reduced_axis(name: str, nbatch: int, args: tuple, kwargs: dict) -> str | None:
+    """The axis ``formula.<name>(*args, **kwargs)`` reduces, ``formula`` a LazyTensor with ``nbatch`` batch dimensions;
+    None where the call returns a formula. A LazyTensor class with reductions of its own (``lazytensor.keops``)
+    answers for them in its ``_reduced_axis``."""
+    reduction = _REDUCTION_OF.get(name)
+    if reduction in ("matmul", "matvec", "solve", "rmatvec"):
+        return "i" if reduction == "rmatvec" else "j"
+    if reduction is None:
+        return None
+    bound = inspect.signature(getattr(LazyTensor, name)).bind(None, *args, **kwargs)
+    bound.apply_defaults()
+    axis = bound.arguments.get("options", {}).get("axis")
+    dim = bound.arguments["dim"] if axis is None else axis
+    if reduction in FEATURE_REDUCTIONS and lazy_tensor.is_feature_dim(dim, nbatch):
+        return None
+    return run.reduced_axis(dim, nbatch)
 
 
 def _gradient_reaches(tensors: list) -> list[bool]:
@@ -64,37 +91,35 @@ def _gradient_reaches(tensors: list) -> list[bool]:
 
 
 class Deferred:
-    """A formula recorded while a compiler traces: ``node`` is ("var", axis, tensor), ("call", method, formula,
-    args, kwargs) or ("fn", name, args, kwargs) (``where``, ``Pm`` of a number); ``nbatch`` its batch dimensions."""
+    """A formula recorded while a compiler traces: ``node`` is ("var", axis, tensor, flavour),
+    ("new", flavour, value) (a constant), ("call", method, formula, args, kwargs) or ("fn", name, args, kwargs)
+    (``where``); ``nbatch`` its batch dimensions, ``flavour`` the LazyTensor class whose methods it records
+    (``lazytensor.keops``'s keeps KeOps's semantics; its parents', as an eager formula's)."""
 
     __hash__ = object.__hash__
 
-    def __init__(self, node: tuple, nbatch: int):
-        self.node, self.nbatch = node, nbatch
+    def __init__(self, node: tuple, nbatch: int, flavour: type = LazyTensor):
+        self.node, self.nbatch, self.flavour = node, nbatch, flavour
 
     @staticmethod
-    def call(name: str, *args, **kwargs) -> "Deferred":
-        """``lazy_tensor.<name>(*args, **kwargs)``: ``lazy``, ``Pm`` or ``where``."""
-        if name == "lazy":
-            t, axis = args
-            return Deferred(("var", axis, t), max(t.dim() - (1 if axis in ("p", 2) else 2), 0))
-        return Deferred(("fn", name, args, kwargs), max([a.nbatch for a in args if isinstance(a, Deferred)] + [0]))
+    def call(name: str, *args) -> "Deferred":
+        """``lazy_tensor.<name>(*args)``: ``where``, or ``new`` (``flavour(x, axis)``, the constructor)."""
+        if name == "new":
+            return _constructed(*args)
+        return Deferred(("fn", name, args, {}), _batch_of(args), _flavour_of(args))
 
     def _record(self, name: str, args: tuple, kwargs: dict) -> "Deferred":
-        parents = [self.nbatch] + [a.nbatch for a in args if isinstance(a, Deferred)]
-        return Deferred(("call", name, self, args, kwargs), max(parents))
+        operands = (self, *args, *kwargs.values())
+        return Deferred(("call", name, self, args, kwargs), _batch_of(operands), _flavour_of(operands))
 
-    def _reduce(self, name: str, args: tuple, kwargs: dict):
-        if name in FEATURE_REDUCTIONS:
-            dim = kwargs.get("axis", args[0] if args else kwargs.get("dim", 1))
-            if dim in ("features", -1) or (type(dim) is int and dim in (2, self.nbatch + 2)):
-                return self._record(name, args, kwargs)
+    def _call(self, name: str, args: tuple, kwargs: dict):
+        """``formula.<name>(*args, **kwargs)``: a formula recorded, or a reduction as one operator node."""
+        reduced = getattr(self.flavour, "_reduced_axis", reduced_axis)(name, self.nbatch, args, kwargs)
+        if reduced is None:
+            return self._record(name, args, kwargs)
         if kwargs.get("out") is not None:
             raise ValueError("out= is not supported while a compiler traces a reduction")
-        tensors = []
-        key = record_key(Deferred(("call", name, self, args, kwargs), self.nbatch), tensors)
-        outs = torch.ops.lazytensor.reduce(key, tensors, _gradient_reaches(tensors))
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return _operator(Deferred(("call", name, self, args, kwargs), self.nbatch), reduced)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -114,11 +139,51 @@ class Deferred:
         return self._record("t", (), {})
 
     def __getattr__(self, name):
+        """A method only the flavour has (KeOps's ``Kmin``, ``sum_reduction``, ...), recorded as the others are."""
+        if not name.startswith("_") and callable(getattr(self.flavour, name, None)):
+            return lambda *args, **kwargs: self._call(name, args, kwargs)
         raise AttributeError(f"LazyTensor.{name} is not available while a compiler traces (lazytensor.library): "
                              "reduce the formula to a tensor first")
 
     def __bool__(self):
         raise TypeError("a LazyTensor has no truth value; reduce it first")
+
+
+def _batch_of(operands) -> int:
+    return max([a.nbatch for a in operands if isinstance(a, Deferred)] + [0])
+
+
+def _flavour_of(operands) -> type:
+    """The operands' LazyTensor class: the first that is not lazytensor's own, as ``LazyTensor._build`` picks."""
+    return next((a.flavour for a in operands if isinstance(a, Deferred) and a.flavour is not LazyTensor), LazyTensor)
+
+
+def _constructed(flavour: type, x, axis) -> Deferred:
+    """``flavour(x, axis)``: a tensor's variable, its axis and shape read as the constructor reads them; a constant."""
+    if isinstance(x, Deferred):
+        return x
+    if isinstance(x, torch.Tensor):
+        x, axis = variables.keops_layout(x) if axis is None else (x, variables.axis_name(axis))
+        t = variables.normalized(x, axis)
+        return Deferred(("var", axis, t, _flavour_name(flavour)), t.dim() - (1 if axis == "p" else 2), flavour)
+    if isinstance(x, tuple):
+        raise TypeError("a symbolic KeOps variable (Vi(index, dim)) cannot be used while a compiler traces: "
+                        "give the variable its tensor")
+    return Deferred(("new", _flavour_name(flavour), x), 0, flavour)
+
+
+def _flavour_name(flavour: type) -> str:
+    return f"{flavour.__module__}:{flavour.__qualname__}"
+
+
+@functools.lru_cache(maxsize=None)
+def _flavour(name: str) -> type:
+    """The LazyTensor class a key names (lazytensor's own, or a subclass in lazytensor: nothing else is imported)."""
+    module, _, qualname = name.partition(":")
+    flavour = getattr(importlib.import_module(module), qualname, None) if module.split(".")[0] == "lazytensor" else None
+    if not (isinstance(flavour, type) and issubclass(flavour, LazyTensor)):
+        raise ValueError(f"a lazytensor::reduce key names {name!r}, which is no LazyTensor class of lazytensor")
+    return flavour
 
 
 def _tensor_methods(*names):
@@ -140,16 +205,15 @@ _OPERATORS = tuple((getattr(operator, n), f"__{n}__") for n in ("add", "mul", "s
 
 def _method(name: str):
     def method(self, *args, **kwargs):
-        return (self._reduce if name in REDUCTIONS else self._record)(name, args, kwargs)
+        return self._call(name, args, kwargs)
 
     method.__name__ = name
     return method
 
 
 for _name, _value in list(vars(LazyTensor).items()):
-    _target = next((n for n in REDUCTIONS if getattr(LazyTensor, n) is _value), _name)  # KeOps's spellings
     if inspect.isfunction(_value) and (not _name.startswith("_") or _name in OPERATORS) and _name != "dim":
-        setattr(Deferred, _name, _method("matmul" if _name == "__matmul__" else _target))
+        setattr(Deferred, _name, _method(_name))
 
 
 # -- the key: a Python literal of the record, tensors as positions --------------------------------
@@ -181,19 +245,20 @@ def encode(value, tensors: list) -> str:
     raise TypeError(f"a {type(value).__name__} cannot be recorded in a formula while a compiler traces")
 
 
-def record_key(record: Deferred, tensors: list) -> str:
-    """The operator's key of ``record``: its literal, after the version of the operators it is read by."""
-    return f"({KEY_VERSION},{encode(record, tensors)})"
+def record_key(record: Deferred, reduced: str | None, tensors: list) -> str:
+    """The operator's key of ``record``, a reduction over axis ``reduced`` (None: a named operator): the version of
+    the operators it is read by, the axis, the record's literal."""
+    return f"({KEY_VERSION},{reduced!r},{encode(record, tensors)})"
 
 
 @functools.lru_cache(maxsize=1024)
-def decode(key: str):
-    """The record a key holds; a key of other operators (an older program or compile cache) is refused."""
-    version, node = ast.literal_eval(key)
+def decode(key: str) -> tuple:
+    """(reduced axis, record) of a key; a key of other operators (an older program or compile cache) is refused."""
+    version, *rest = ast.literal_eval(key)
     if version != KEY_VERSION:
         raise ValueError(f"a lazytensor::reduce key of version {version}, this lazytensor reads {KEY_VERSION}: "
                          "export the program again, or clear the compile cache (TORCHINDUCTOR_CACHE_DIR)")
-    return node
+    return tuple(rest)
 
 
 def replay(node, tensors):
@@ -222,7 +287,10 @@ def replay(node, tensors):
 def _formula(parts, tensors):
     kind, *parts = parts
     if kind == "var":
-        return lazy_tensor.lazy(tensors[parts[1][1]], parts[0])
+        axis, (_, k), flavour = parts
+        return _flavour(flavour)(tensors[k], axis)
+    if kind == "new":
+        return _flavour(parts[0])(replay(parts[1], tensors))
     if kind == "fn":
         name, args, kwargs = parts
         function = getattr(ops if name in NAMED_OPERATORS else lazy_tensor, name)
@@ -237,7 +305,7 @@ def _outputs(result) -> list:
 
 def _evaluated(key: str, tensors, **override) -> list:
     """The record's outputs on ``tensors`` (``override``: options replacing the reduction's own)."""
-    node = decode(key)
+    _, node = decode(key)
     if override:
         node = node[:-1] + (("dict", *[p for p in node[-1][1:] if p[0] not in override],
                              *override.items()),)
@@ -256,22 +324,27 @@ def reduce(key: str, tensors: list[torch.Tensor], needs: list[bool]) -> list[tor
     (``_graph``): the backward differentiates it as eager's would, with no second forward."""
     if not any(needs):
         with torch.no_grad():
-            return [o.clone() if o._is_view() else o for o in _evaluated(key, tensors)]
+            return [_own(o) for o in _evaluated(key, tensors)]
     with _autograd_back(), torch.enable_grad():
         inputs = [t.detach().requires_grad_(need) for t, need in zip(tensors, needs)]
         graph = _evaluated(key, inputs)
-    outs = [o.detach().clone() if o._is_view() else o.detach() for o in graph]
+    outs = [_own(o.detach()) for o in graph]
     for o in outs:  # aliases of the graph's outputs, not the outputs themselves: no reference cycle
         o._lazytensor_graph = (inputs, graph, o._version)
     return outs
+
+
+def _own(output: torch.Tensor) -> torch.Tensor:
+    """An output as an operator returns it: no view of an input, contiguous (as its fake is; a solve's is not)."""
+    return output.clone(memory_format=torch.contiguous_format) if output._is_view() or not output.is_contiguous() else output
 
 
 @reduce.register_fake
 def _(key, tensors, needs):
     from torch.fx.experimental.symbolic_shapes import optimization_hint
 
-    node = decode(key)
-    batch, rows, shrunk = (_leading_call if node[1] == "fn" else _leading)(node, tensors)
+    reduced, node = decode(key)
+    batch, rows, shrunk = _leading_call(node, tensors) if reduced is None else _leading(node, reduced, tensors)
     hints = [[optimization_hint(s) for s in t.shape] for t in tensors]
     for k in shrunk:
         hints[k][-2] = 1
@@ -281,27 +354,20 @@ def _(key, tensors, needs):
     return [tensors[0].new_empty((*batch, rows, *o.shape[len(batch) + 1:]), dtype=o.dtype) for o in outs]
 
 
-def _leading(node, tensors) -> tuple:
-    """The outputs' batch shape and rows (of the axis not reduced), and the tensors that only hold that axis's rows."""
+def _leading(node, reduced: str, tensors) -> tuple:
+    """The outputs' batch shape and rows (of the axis not ``reduced``), and the tensors that only hold that axis's
+    rows (none in a solve). Tensors among the reduction's arguments (``K @ b``'s b, weights, values) lie along the
+    reduced axis."""
     _, _, name, formula, args, kwargs = node
-    if name in ("matmul", "matvec", "rmatvec", "solve"):
-        rows = "j" if name == "rmatvec" else "i"
-    else:
-        literal = [p if not isinstance(p, tuple) else float(p[1]) if p[0] == "float" else None for p in args[1:]]
-        named = {k: v if not isinstance(v, tuple) else None for k, v in kwargs[1:]}
-        bound = inspect.signature(getattr(LazyTensor, name)).bind(None, *literal, **named)
-        bound.apply_defaults()
-        axis = bound.arguments.get("options", {}).get("axis")
-        rows = "i" if run.reduced_axis(bound.arguments["dim"] if axis is None else axis, 99) == "j" else "j"
-    leaves = list(_leaves(formula, False)) + [(a, k) for a, k in _leaves(args, False) if a != "tensor"]
-    if name in ("matmul", "matvec", "rmatvec", "softmax_weighted_sum", "logsumexp", "max_sumshiftexp", "solve"):
-        leaves += [(("i" if rows == "j" else "j"), k) for k in _tensors(args)]  # dense b, values or weights
+    rows = "i" if reduced == "j" else "j"
+    arguments = [(reduced if axis == "tensor" else axis, k) for axis, k in _leaves(("arguments", args, kwargs), False)]
+    leaves = list(_leaves(formula, False)) + arguments
     shapes = [tensors[k].shape[:-1] if axis == "p" else tensors[k].shape[:-2] for axis, k in leaves
               if axis != "tensor" and tensors[k].dim() >= (1 if axis == "p" else 3)]
     batch = torch.broadcast_shapes(*shapes) if shapes else ()
     size = next((tensors[k].shape[-2] for axis, k in leaves if axis == rows), 1)
     shrunk = {k for axis, k in leaves if axis == rows} - {k for axis, k in leaves if axis != rows}
-    return tuple(batch), size, shrunk
+    return tuple(batch), size, set() if name == "solve" else shrunk  # a solve's rows are its columns
 
 
 def _leading_call(node, tensors) -> tuple:
@@ -351,7 +417,8 @@ def reduce_vjp(key: str, tensors: list[torch.Tensor], outputs: list[torch.Tensor
                                        retain_graph=True)
                    if pairs and wanted else [None] * len(wanted))
     out = [next(got) if need and t.requires_grad else None for t, need in zip(inputs, needs)]
-    return [torch.zeros_like(t) if g is None else g for g, t in zip(out, tensors)]
+    return [torch.zeros_like(t) if g is None else g if g.stride() == t.stride() else torch.empty_like(t).copy_(g)
+            for g, t in zip(out, tensors)]  # laid out as the fake's, the tensors' own
 
 
 def _graph(outputs: list[torch.Tensor], needs: list[bool]) -> tuple:

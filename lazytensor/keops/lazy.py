@@ -19,6 +19,7 @@ Operations build the same IR and run on the same engine: nothing is re-implement
 from __future__ import annotations
 
 import copy
+import inspect
 
 import numpy as np
 import torch
@@ -99,21 +100,21 @@ class LazyTensor(CoreLazyTensor):
         return self.batch_shape + (self._size("i"), self._size("j"), self.width)
 
     def _keops_axis(self, axis, dim, default):
-        """KeOps's axis (batch dims counted) as lazytensor's: 'i', 'j' or -1 (features)."""
-        axis = dim if dim is not None else axis
-        if axis is None:
-            axis = default
-        if axis in ("i", "j"):
-            return axis
-        nb = self.nbatchdims
-        if axis is None:
-            raise ValueError(f"this reduction needs axis (or dim): {nb} to reduce over i, {nb + 1} over j")
-        if axis in (-1, nb + 2):
-            return -1
-        if isinstance(axis, bool) or axis not in (nb, nb + 1):
-            raise ValueError(f"axis (or dim) must be {nb} (over i), {nb + 1} (over j) or -1 (features) with {nb} batch "
-                             f"dimension(s), got {axis!r}")
-        return "i" if axis == nb else "j"
+        return keops_axis(self.nbatchdims, axis, dim, default)
+
+    @classmethod
+    def _reduced_axis(cls, name: str, nbatch: int, args: tuple, kwargs: dict) -> str | None:
+        """``library.reduced_axis`` for KeOps's reductions: their axes count batch dimensions, some reduce the features."""
+        if name in ("matmul", "__matmul__", "solve"):
+            return "j"
+        if name not in _AXIS_DEFAULTS:
+            from .. import library  # loaded: only a compiler's trace asks
+
+            return library.reduced_axis(name, nbatch, args, kwargs)
+        bound = inspect.signature(getattr(cls, name)).bind(None, *args, **kwargs).arguments
+        named = {**bound.get("kwargs", {}), **bound}
+        where = keops_axis(nbatch, named.get("axis"), named.get("dim"), _AXIS_DEFAULTS[name])
+        return None if where == -1 else where
 
     def _anchored(self, axis: str) -> "LazyTensor":
         """Self with a variable on ``axis``: KeOps counts an axis without variables as one point."""
@@ -246,6 +247,29 @@ class LazyTensor(CoreLazyTensor):
         if keops_rule and "rtol" not in solve_options and "atol" not in solve_options:  # per column: ||r_c||^2 < n eps^2
             solve_options.update(rtol=0.0, atol=(1e-6 if eps is None else float(eps)) * self._size("i") ** 0.5)
         return CoreLazyTensor.solve(self, other, alpha, **solve_options, **options(kwargs, "solve", self.dtype))
+
+
+# KeOps's reductions that take an axis -> its default (-1: the features); logsumexp_reduction passes it on
+_AXIS_DEFAULTS = {name: inspect.signature(value).parameters["axis"].default for name, value in vars(LazyTensor).items()
+                  if inspect.isfunction(value) and "axis" in inspect.signature(value).parameters}
+_AXIS_DEFAULTS["logsumexp_reduction"] = None
+
+
+def keops_axis(nb: int, axis, dim, default):
+    """KeOps's axis (batch dims counted) as lazytensor's: 'i', 'j' or -1 (features)."""
+    axis = dim if dim is not None else axis
+    if axis is None:
+        axis = default
+    if axis in ("i", "j"):
+        return axis
+    if axis is None:
+        raise ValueError(f"this reduction needs axis (or dim): {nb} to reduce over i, {nb + 1} over j")
+    if axis in (-1, nb + 2):
+        return -1
+    if isinstance(axis, bool) or axis not in (nb, nb + 1):
+        raise ValueError(f"axis (or dim) must be {nb} (over i), {nb + 1} (over j) or -1 (features) with {nb} batch "
+                         f"dimension(s), got {axis!r}")
+    return "i" if axis == nb else "j"
 
 
 class Waiting:

@@ -20,7 +20,8 @@ def _reductions(x, y, b, g):
     low, index = D.min_argmin(1)
     return (K @ b, K.T @ x, (K * lt.Vi(x)).sum(0), (-lt.Pm(g) * D).logsumexp(1) * 2, (-D).softmax_weighted_sum(b, 1),
             low, index, D.argkmin(3, 1), D.kmin(3, dim=1), D.quantile(0.3, 1), (lt.Vi(x) - lt.Vj(y)).abs().sum(-1).sum(1),
-            lt.where(D < 1.0, 1.0, lt.Vj(b).sum(-1)).sum(1), K @ b[:, 0], g * D @ b)
+            lt.where(D < 1.0, 1.0, lt.Vj(b).sum(-1)).sum(1), K @ b[:, 0], g * D @ b,
+            (-0.5 * lt.Vi(x).sqdist(lt.Vj(x))).exp().solve(b[:30], alpha=0.5))
 
 
 def _named(x, y, b, g):
@@ -28,6 +29,26 @@ def _named(x, y, b, g):
     return (lt.rbf_matmul(x, y, b, 0.5), lt.rbf_matmul(x, y, b, g), lt.kernel_regression(x, y, b, 0.5),
             lt.knn_regression(x, y, b, 3), lt.distance_sum(x, y), lt.distance_quantile(x, y, 0.3),
             lt.attention(q, q.flip(2), q * 2, is_causal=True))
+
+
+def _keops(x, y, b, g):
+    """pykeops's spellings and defaults (``lazytensor.keops``): axes count batch dimensions, sum(-1) is a formula."""
+    from lazytensor.keops import LazyTensor, Pm, Vi, Vj
+
+    x_i, y_j = LazyTensor(x[:, None, :]), LazyTensor(y[None, :, :])
+    D = ((x_i - y_j) ** 2).sum(-1)
+    K = (-D * Pm(g)).exp()
+    xb, yb = x.expand(2, *x.shape)[:, :, None, :], y.expand(2, *y.shape)[:, None, :, :]
+    return (K @ b, K.sum(dim=1), K.sum_reduction(axis=0), (-D).logsumexp(dim=1), (-D).logsumexp_reduction(axis=0),
+            D.argKmin(3, dim=1), D.Kmin(2, axis=0), D.min(dim=0), D.min_argmin(axis=1)[0], (-D).sumsoftmaxweight(Vj(b), axis=1),
+            Vi(x).sqdist(Vj(y)).sum(1), (-LazyTensor(xb).sqdist(LazyTensor(yb))).exp().sum(2),
+            (-x_i.sqdist(LazyTensor(x[None]))).exp().solve(Vi(x), alpha=0.5, eps=1e-12),
+            x_i.matvecmult(LazyTensor([1.0, 2.0, 3.0])).sum(dim=0))
+
+
+def _recorded(t, axis):
+    """``lt.LazyTensor(t, axis)`` as recorded while a compiler traces."""
+    return library.Deferred.call("new", lt.LazyTensor, t, axis)
 
 
 def _check(fn):
@@ -54,6 +75,10 @@ def test_named_operators_and_attention_compile_in_one_graph():
     _check(_named)
 
 
+def test_keops_lazytensors_compile_in_one_graph():
+    _check(_keops)
+
+
 @pytest.mark.parametrize("strict", [False, True])
 def test_export_with_dynamic_sizes_holds_one_operator_per_reduction(strict):
     class Model(torch.nn.Module):
@@ -73,10 +98,10 @@ def test_export_with_dynamic_sizes_holds_one_operator_per_reduction(strict):
 def test_the_eager_path_builds_lazytensors_and_records_nothing():
     assert type(lt.Vi(X)) is lt.LazyTensor and not library.recording()
     key_tensors = []
-    key = library.record_key(library.Deferred.call("lazy", X, "i").sqdist(library.Deferred.call("lazy", Y, "j")).exp(),
-                                key_tensors)
+    formula = _recorded(X, "i").sqdist(_recorded(Y, "j"))
+    key = library.record_key(formula.exp(), None, key_tensors)
     assert key_tensors == [X, Y] or all(a is b for a, b in zip(key_tensors, [X, Y]))
-    assert library.decode(key)[:3] == ("lazy", "call", "exp")
+    assert library.decode(key)[1][:3] == ("lazy", "call", "exp")
 
 
 def test_an_attribute_a_record_lacks_names_itself():
@@ -144,7 +169,7 @@ def test_a_compiled_training_step_runs_the_passes_an_eager_one_does(monkeypatch)
 
 
 def test_a_key_of_other_operators_is_refused():
-    key = library.record_key(library.Deferred.call("lazy", X, "i").exp(), [])
+    key = library.record_key(_recorded(X, "i").exp(), None, [])
     with pytest.raises(ValueError, match="version"):
         library.decode(key.replace(f"({library.KEY_VERSION},", f"({library.KEY_VERSION + 1},", 1))
 
@@ -160,8 +185,8 @@ def test_without_the_forward_graph_the_backward_replays_the_record(monkeypatch):
     monkeypatch.setattr(engine, "stream", lambda *a, **k: passes.append(1) or stream(*a, **k))
     x = X.clone().requires_grad_()
     tensors = []
-    rec = (-0.5 * library.Deferred.call("lazy", x, "i").sqdist(library.Deferred.call("lazy", Y, "j"))).exp()
-    key = library.record_key(library.Deferred(("call", "matmul", rec, (B,), {}), 0), tensors)
+    rec = (-0.5 * _recorded(x, "i").sqdist(_recorded(Y, "j"))).exp()
+    key = library.record_key(library.Deferred(("call", "matmul", rec, (B,), {}), 0), "j", tensors)
     for needs in ([True, False, False], [False, False, False]):
         passes.clear()
         (out,) = torch.ops.lazytensor.reduce(key, tensors, needs)
