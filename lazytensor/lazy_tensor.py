@@ -538,6 +538,10 @@ def as_lazy(x) -> LazyTensor:
         out = LazyTensor(0)
         out.expr = x
         return out
+    from . import library  # a formula recorded while a compiler traced, met by eager code after a graph break
+
+    if isinstance(x, library.Deferred):
+        return x.materialized()
     raise TypeError(f"cannot combine a LazyTensor with {type(x).__name__}")
 
 
@@ -555,11 +559,11 @@ def lazy(t, axis) -> LazyTensor:
     return LazyTensor(t, variables.axis_name(axis))
 
 
-def _recorded(name: str, *args):
+def _recorded(name: str, *args, **kwargs):
     """The call as a ``library.Deferred`` formula while a compiler traces (``lazytensor.library``), else None."""
     from . import library
 
-    return library.Deferred.call(name, *args) if library.recording() else None
+    return library.Deferred.call(name, *args, **kwargs) if library.recording() else None
 
 
 def Vi(t) -> LazyTensor:

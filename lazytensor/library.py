@@ -26,7 +26,7 @@ import operator
 
 import torch
 
-from . import lazy_tensor, ops, run, variables
+from . import lazy_tensor, ops, parse, run, variables
 from .lazy_tensor import LazyTensor
 from .opaque import tracing
 
@@ -42,6 +42,8 @@ OPERATORS = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__"
              "__pow__", "__rpow__", "__neg__", "__abs__", "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__",
              "__or__", "__ror__", "__getitem__", "__matmul__")
 NAMED_OPERATORS = ("distance_sum", "rbf_matmul", "distance_quantile", "kernel_regression", "knn_regression", "attention")
+# the functions a record may call: formulas (recorded) and named operators (one node each)
+FUNCTIONS = {"where": lazy_tensor.where, "formula": parse.formula, **{name: getattr(ops, name) for name in NAMED_OPERATORS}}
 # The operators' arguments and derivative; in every key, so that compile caches, which key a graph by its
 # forward only, and exported programs never pair a key with operators of another version.
 KEY_VERSION = 4
@@ -102,11 +104,12 @@ class Deferred:
         self.node, self.nbatch, self.flavour = node, nbatch, flavour
 
     @staticmethod
-    def call(name: str, *args) -> "Deferred":
-        """``lazy_tensor.<name>(*args)``: ``where``, or ``new`` (``flavour(x, axis)``, the constructor)."""
+    def call(name: str, *args, **kwargs) -> "Deferred":
+        """``where`` / ``formula`` (``FUNCTIONS``) of ``args``, or ``new``: ``flavour(x, axis)``, the constructor."""
         if name == "new":
             return _constructed(*args)
-        return Deferred(("fn", name, args, {}), _batch_of(args), _flavour_of(args))
+        operands = (*args, *kwargs.values())
+        return Deferred(("fn", name, args, kwargs), _batch_of(operands), _flavour_of(operands))
 
     def _record(self, name: str, args: tuple, kwargs: dict) -> "Deferred":
         operands = (self, *args, *kwargs.values())
@@ -138,12 +141,27 @@ class Deferred:
     def T(self):
         return self._record("t", (), {})
 
+    @property
+    def nbatchdims(self) -> int:
+        return self.nbatch
+
     def __getattr__(self, name):
-        """A method only the flavour has (KeOps's ``Kmin``, ``sum_reduction``, ...), recorded as the others are."""
-        if not name.startswith("_") and callable(getattr(self.flavour, name, None)):
+        """A method only the flavour has (KeOps's ``Kmin``, ``sum_reduction``, ...), recorded as the others are; any
+        other attribute (``shape``, ``dim()``, ...) breaks the graph and is read from the formula built eagerly."""
+        if not name.startswith("_") and name not in vars(LazyTensor) and inspect.isfunction(getattr(self.flavour, name, None)):
             return lambda *args, **kwargs: self._call(name, args, kwargs)
-        raise AttributeError(f"LazyTensor.{name} is not available while a compiler traces (lazytensor.library): "
-                             "reduce the formula to a tensor first")
+        if name.startswith("__") or not hasattr(self.flavour, name):
+            raise AttributeError(f"{self.flavour.__name__} has no attribute {name!r}")
+        if recording():
+            torch._dynamo.graph_break(msg=f"LazyTensor.{name} is not available while a compiler traces "
+                                          "(lazytensor.library): reduce the formula to a tensor first")
+        return getattr(self.materialized(), name)
+
+    def materialized(self) -> LazyTensor:
+        """The formula as an eager LazyTensor of its own tensors: a record met by code that runs eagerly (after
+        a graph break, in a call opaque to the compiler: ``lt.formula``, KeOps's ``Genred``)."""
+        tensors = []
+        return _replayed(ast.literal_eval(encode(self, tensors)), tensors)
 
     def __bool__(self):
         raise TypeError("a LazyTensor has no truth value; reduce it first")
@@ -293,8 +311,7 @@ def _formula(parts, tensors):
         return _flavour(parts[0])(replay(parts[1], tensors))
     if kind == "fn":
         name, args, kwargs = parts
-        function = getattr(ops if name in NAMED_OPERATORS else lazy_tensor, name)
-        return function(*replay(args, tensors), **replay(kwargs, tensors))
+        return FUNCTIONS[name](*replay(args, tensors), **replay(kwargs, tensors))
     name, formula, args, kwargs = parts
     return getattr(replay(formula, tensors), name)(*replay(args, tensors), **replay(kwargs, tensors))
 
@@ -309,9 +326,13 @@ def _evaluated(key: str, tensors, **override) -> list:
     if override:
         node = node[:-1] + (("dict", *[p for p in node[-1][1:] if p[0] not in override],
                              *override.items()),)
+    return _outputs(_replayed(node, tensors))
+
+
+def _replayed(node, tensors):
     _replaying[0] += 1
     try:
-        return _outputs(replay(node, tensors))
+        return replay(node, tensors)
     finally:
         _replaying[0] -= 1
 

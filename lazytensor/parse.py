@@ -20,7 +20,8 @@ import ast
 import math
 import re
 
-from .lazy_tensor import LazyTensor, as_lazy, where
+from .lazy_tensor import LazyTensor, _recorded, as_lazy, where
+from .opaque import tracing
 
 # Functions whose first argument is the formula: f(x, *args) is x.f(*args).
 METHODS = (
@@ -182,6 +183,8 @@ class _Evaluator:
 
 def formula(text: str, **variables) -> LazyTensor:
     """Build a LazyTensor from ``text``, e.g. ``formula("exp(-g*sqdist(x,y))*b", x=Vi(x), ...)``."""
+    if tracing() and (recorded := _recorded("formula", text, **variables)) is not None:
+        return recorded
     if not isinstance(text, str) or not text.strip():
         raise ValueError("formula text must be a non-empty string")
     text = text.strip()

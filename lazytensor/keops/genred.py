@@ -93,31 +93,29 @@ class Genred:
         self.aliases = parse_aliases([aliases] if isinstance(aliases, str) else list(aliases))
         self.reduction_op, self.axis, self.opt_arg = reduction_op, axis, opt_arg if takes_k else None
         self.accuracy = {"dtype_acc": dtype_acc, "use_double_acc": use_double_acc, "sum_scheme": sum_scheme}
+        # inline Vi(k, d) / Var(k, d, c) become names of the k-th argument, read here once (a call inside
+        # torch.compile is traced: Dynamo cannot run regular expressions)
+        self.inline = {}
+        self.texts = [None if text is None else _INLINE.sub(self._inline, text) for text in (formula, formula2)]
+
+    def _inline(self, match) -> str:
+        kind, index, dim, category = match.groups()
+        axis = _CATEGORIES[int(category)] if kind == "Var" else _CATEGORIES[kind]
+        name = f"_arg{index}"
+        self.inline.setdefault(name, (name, axis, int(dim), int(index)))
+        return name
 
     def _variables(self, args) -> dict:
-        inline = [int(m.group(2)) for m in _INLINE.finditer(self.formula + (self.formula2 or ""))]
-        wanted = max([a[3] for a in self.aliases] + inline, default=-1) + 1
+        variables = self.aliases + list(self.inline.values())
+        wanted = max([index for *_, index in variables], default=-1) + 1
         if len(args) < wanted:
             raise ValueError(f"Genred({self.formula!r}) takes {wanted} tensor arguments, got {len(args)}")
-        names = {}
-        for name, axis, dim, index in self.aliases:
-            names[name] = _wrap(args[index], axis, dim, name)
-        return names
-
-    def _text(self, text: str, names: dict, args) -> str:
-        """Inline Vi(k, d) / Var(k, d, c) become names of the k-th argument."""
-        def inline(match):
-            kind, index, dim, category = match.groups()
-            axis = _CATEGORIES[int(category)] if kind == "Var" else _CATEGORIES[kind]
-            name = f"_arg{index}"
-            names.setdefault(name, _wrap(args[int(index)], axis, int(dim), name))
-            return name
-        return _INLINE.sub(inline, text)
+        return {name: _wrap(args[index], axis, dim, name) for name, axis, dim, index in variables}
 
     def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None, **kwargs):
         names = self._variables(args)
-        f = parse.formula(self._text(self.formula, names, args), **names)
-        weight = None if self.formula2 is None else parse.formula(self._text(self.formula2, names, args), **names)
+        f = parse.formula(self.texts[0], **names)
+        weight = None if self.texts[1] is None else parse.formula(self.texts[1], **names)
         nbatch = f.nbatchdims
         call = {**{k: v for k, v in self.accuracy.items() if k != "sum_scheme" or v != "auto"}, **kwargs,
                 "backend": backend, "ranges": ranges, "out": out, "axis": nbatch + self.axis}
@@ -180,7 +178,7 @@ class KernelSolve:
         genred = Genred(self.formula, [f"{n} = {dict(i='Vi', j='Vj', p='Pm')[a]}({k}, {d})" for n, a, d, k in self.aliases])
         names = genred._variables(args)
         rhs = names[self.varinvalias]
-        f = parse.formula(self.formula, **names)
+        f = parse.formula(genred.texts[0], **names)
         (solved,) = rhs.variables.values()
         sym = next(s for s, v in f.variables.items() if v is solved)  # its symbol in f (symbols name positions)
         kernel_expr = sympy.diff(f.expr, sym)

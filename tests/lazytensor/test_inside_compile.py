@@ -8,6 +8,7 @@ import torch
 
 import lazytensor as lt
 from lazytensor import library
+from lazytensor.keops import Genred
 
 torch.manual_seed(0)
 X, Y, B = (torch.randn(n, d, dtype=torch.float64) for n, d in ((30, 3), (40, 3), (40, 2)))
@@ -46,6 +47,16 @@ def _keops(x, y, b, g):
             x_i.matvecmult(LazyTensor([1.0, 2.0, 3.0])).sum(dim=0))
 
 
+def _strings(x, y, b, g):
+    """Formulas from text: ``lt.formula``, and KeOps's ``Genred`` built once outside (its call is traced)."""
+    return (lt.formula("exp(-sqdist(x, y)) * b", x=lt.Vi(x), y=lt.Vj(y), b=lt.Vj(b)).sum(1), _LSE(x, y, g.reshape(1)),
+            _LSE_INLINE(x, y).sum(-1))
+
+
+_LSE = Genred("-SqDist(X, Y) * G", ["X = Vi(3)", "Y = Vj(3)", "G = Pm(1)"], reduction_op="LogSumExp", axis=1)
+_LSE_INLINE = Genred("-SqDist(Vi(0, 3), Vj(1, 3))", [], reduction_op="LogSumExp", axis=0)
+
+
 def _recorded(t, axis):
     """``lt.LazyTensor(t, axis)`` as recorded while a compiler traces."""
     return library.Deferred.call("new", lt.LazyTensor, t, axis)
@@ -77,6 +88,26 @@ def test_named_operators_and_attention_compile_in_one_graph():
 
 def test_keops_lazytensors_compile_in_one_graph():
     _check(_keops)
+
+
+def test_formulas_from_text_compile_in_one_graph():
+    _check(_strings)
+
+
+def test_an_attribute_read_breaks_the_graph_and_reads_the_eager_formula():
+    """Outside fullgraph, reading what a record cannot know (``shape``) is a graph break, after which the record
+    is built as an eager LazyTensor; a record handed to eager code (after a break) is built the same way."""
+    def f(x, y):
+        D = lt.Vi(x).sqdist(lt.Vj(y))
+        n, m = D.shape[:2]
+        return D.sum(1) * n + (lt.LazyTensor(y, "j") * 0 + D).logsumexp(1) / m
+
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(f)(X, Y), f(X, Y))
+    assert torch._dynamo.explain(f)(X, Y).graph_break_count >= 1
+    mixed = lt.Vi(X).sqdist(_recorded(Y, "j"))  # eager code meeting a record: it is built
+    assert type(mixed) is lt.LazyTensor and _recorded(X, "i").shape == (30, 1, 3)
+    torch.testing.assert_close(mixed.sum(1), lt.Vi(X).sqdist(lt.Vj(Y)).sum(1))
 
 
 @pytest.mark.parametrize("strict", [False, True])
