@@ -1,6 +1,7 @@
 """A training step that reduces formulas: eager, under torch.compile(fullgraph=True), and dense torch.
 
     flock /tmp/tp-bench.lock .venv/bin/python benchmarks/training_step.py [--threads 2] [--sizes 200,4000,16000]
+        [--api keops]
 
 The step is issue 44's: a Gaussian kernel product and a log-sum-exp of N points against N in 3-D,
 float32, the loss's value and its gradient in the points. The three steps alternate round by round
@@ -8,7 +9,8 @@ float32, the loss's value and its gradient in the points. The three steps altern
 is the median step in milliseconds, with compiled / eager and eager / dense beside it, and ``first``
 the first step of each in this process (the compiled one's includes Dynamo and Inductor's compile of
 the step, with the project's warm or cold inductor cache as it is); one JSON line.
-Dense torch builds the N x N matrix (skipped above ``--dense-max``).
+Dense torch builds the N x N matrix (skipped above ``--dense-max``). ``--api keops`` writes the step
+with pykeops's spellings (``lazytensor.keops``: ``LazyTensor(x[:, None, :])``, ``sum(-1)``, ``dim=1``).
 """
 from __future__ import annotations
 
@@ -19,11 +21,17 @@ import torch
 from common import arguments, emit, parse
 
 import lazytensor as lt
+from lazytensor.keops import LazyTensor
 
 
 def loss(x, y, b):
     K = (-0.5 * lt.Vi(x).sqdist(lt.Vj(y))).exp()
     return (K @ b).sin().sum() + (-lt.Vi(x).sqdist(lt.Vj(y))).logsumexp(1).sum()
+
+
+def keops_loss(x, y, b):
+    D = ((LazyTensor(x[:, None, :]) - LazyTensor(y[None, :, :])) ** 2).sum(-1)
+    return ((-0.5 * D).exp() @ b).sin().sum() + (-D).logsumexp(dim=1).sum()
 
 
 def dense_loss(x, y, b):
@@ -36,12 +44,14 @@ def main() -> None:
     parser.add_argument("--sizes", default="200,4000,16000")
     parser.add_argument("--rounds", type=int, default=0, help="timed rounds (default: about 20 s a size)")
     parser.add_argument("--dense-max", type=int, default=8000)
+    parser.add_argument("--api", choices=("lazytensor", "keops"), default="lazytensor")
     args = parse(parser)
     rows = {}
     for n in (int(s) for s in args.sizes.split(",")):
         torch.manual_seed(0)
         x, y, b = torch.randn(n, 3), torch.randn(n, 3), torch.randn(n, 1)
-        steps = {"eager": loss, "compiled": torch.compile(loss, fullgraph=True)}
+        step = keops_loss if args.api == "keops" else loss
+        steps = {"eager": step, "compiled": torch.compile(step, fullgraph=True)}
         if n <= args.dense_max:
             steps["dense"] = dense_loss
         times = {name: [] for name in steps}
@@ -61,7 +71,7 @@ def main() -> None:
                    **({"eager/dense": round(ms["eager"] / ms["dense"], 2)} if "dense" in ms else {}),
                    "rounds": len(times["eager"]) - 3}
         torch._dynamo.reset()
-    emit({"benchmark": "training_step", "threads": args.threads, "ms": rows})
+    emit({"benchmark": "training_step", "api": args.api, "threads": args.threads, "ms": rows})
 
 
 if __name__ == "__main__":
