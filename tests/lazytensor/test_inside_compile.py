@@ -126,6 +126,23 @@ def test_export_with_dynamic_sizes_holds_one_operator_per_reduction(strict):
     torch.testing.assert_close(program.module()(x, y, b), Model()(x, y, b))
 
 
+def test_an_exported_keops_module_runs_on_new_sizes_and_compiles():
+    """KeOps's spellings export like lazytensor's (the key names the class), and the exported program compiles."""
+    from lazytensor.keops import LazyTensor
+
+    class Model(torch.nn.Module):
+        def forward(self, x, y, b):
+            D = ((LazyTensor(x[:, None, :]) - LazyTensor(y[None, :, :])) ** 2).sum(-1)
+            return (-D).exp() @ b + (-D).logsumexp(dim=1)
+
+    n, m = torch.export.Dim("N"), torch.export.Dim("M")
+    program = torch.export.export(Model(), (X, Y, B), dynamic_shapes=({0: n}, {0: m}, {0: m}))
+    x, y, b = (torch.randn(k, d, dtype=torch.float64) for k, d in ((70, 3), (55, 3), (55, 2)))
+    torch._dynamo.reset()
+    for module in (program.module(), torch.compile(program.module())):
+        torch.testing.assert_close(module(x, y, b), Model()(x, y, b))
+
+
 def test_the_eager_path_builds_lazytensors_and_records_nothing():
     assert type(lt.Vi(X)) is lt.LazyTensor and not library.recording()
     key_tensors = []
