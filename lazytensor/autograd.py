@@ -212,13 +212,17 @@ class _Collector:
         self.softmaxes.update(softmaxes)
         self.info.update({w: ir.VarInfo("i", s.dim) for w, s in softmaxes.items()})
 
+    def _softmax_weights(self, expr: sympy.Expr) -> set:
+        """The softmax weights ``expr`` holds (sympy walks the whole formula for its free symbols: only if any)."""
+        return expr.free_symbols & self.softmaxes.keys() if self.softmaxes else set()
+
     def full_problem(self) -> Problem:
         return self.problem.extended(self.extra)
 
     def _sum(self, expr: sympy.Expr, info: dict, dim: int, reduced_axis: str) -> Sum:
         """The streamed sum of a derivative formula: a ``SoftmaxSum`` where it holds softmax weights. Kept (the
         next step's backward asks for the same sums), and with it the engine's set-up of the pass."""
-        softmaxes = {w: self.softmaxes[w] for w in sorted(expr.free_symbols & self.softmaxes.keys(), key=str)}
+        softmaxes = {w: self.softmaxes[w] for w in sorted(self._softmax_weights(expr), key=str)}
 
         def build():
             return SoftmaxSum(expr, softmaxes, info, dim, reduced_axis) if softmaxes else Sum(expr, info, dim, reduced_axis)
@@ -304,7 +308,7 @@ class Backward(_Collector):
         """
         cot = sympy.sympify(cot)
         self.pairs.append((expr, cot))
-        found = expr.free_symbols & self.softmaxes.keys()
+        found = self._softmax_weights(expr)
         for w in found:
             on_weight = _vjp(((expr, cot),), (w,), tuple(self.info.items()))[w]
             if on_weight != 0:
@@ -326,8 +330,7 @@ class Backward(_Collector):
             full = self.full_problem()
             groups: dict[frozenset, list] = {}  # formulas in different softmax weights sum apart
             for expr, cot in self.pairs:
-                groups.setdefault(frozenset((expr.free_symbols | cot.free_symbols) & self.softmaxes.keys()), []).append(
-                    (expr, cot))
+                groups.setdefault(frozenset(self._softmax_weights(expr) | self._softmax_weights(cot)), []).append((expr, cot))
             formulas = [f for pairs in groups.values() for f in _vjp(tuple(pairs), tuple(self.wanted),
                                                                       tuple(self.info.items())).items()]
             for sym, g in self._gradients(full, formulas).items():
