@@ -19,6 +19,7 @@ Operations build the same IR and run on the same engine: nothing is re-implement
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 
 import numpy as np
@@ -107,13 +108,14 @@ class LazyTensor(CoreLazyTensor):
         """``library.reduced_axis`` for KeOps's reductions: their axes count batch dimensions, some reduce the features."""
         if name in ("matmul", "__matmul__", "solve"):
             return "j"
-        if name not in _AXIS_DEFAULTS:
+        defaults = _axis_defaults()
+        if name not in defaults:
             from .. import library  # loaded: only a compiler's trace asks
 
             return library.reduced_axis(name, nbatch, args, kwargs)
         bound = inspect.signature(getattr(cls, name)).bind(None, *args, **kwargs).arguments
         named = {**bound.get("kwargs", {}), **bound}
-        where = keops_axis(nbatch, named.get("axis"), named.get("dim"), _AXIS_DEFAULTS[name])
+        where = keops_axis(nbatch, named.get("axis"), named.get("dim"), defaults[name])
         return None if where == -1 else where
 
     def _anchored(self, axis: str) -> "LazyTensor":
@@ -249,10 +251,13 @@ class LazyTensor(CoreLazyTensor):
         return CoreLazyTensor.solve(self, other, alpha, **solve_options, **options(kwargs, "solve", self.dtype))
 
 
-# KeOps's reductions that take an axis -> its default (-1: the features); logsumexp_reduction passes it on
-_AXIS_DEFAULTS = {name: inspect.signature(value).parameters["axis"].default for name, value in vars(LazyTensor).items()
-                  if inspect.isfunction(value) and "axis" in inspect.signature(value).parameters}
-_AXIS_DEFAULTS["logsumexp_reduction"] = None
+@functools.cache
+def _axis_defaults() -> dict:
+    """KeOps's reductions that take an axis -> its default (-1: the features); logsumexp_reduction passes it on.
+    Read when a compiler first traces one (1.3 ms of signatures: not at import)."""
+    defaults = {name: inspect.signature(value).parameters["axis"].default for name, value in vars(LazyTensor).items()
+                if inspect.isfunction(value) and "axis" in inspect.signature(value).parameters}
+    return {**defaults, "logsumexp_reduction": None}
 
 
 def keops_axis(nb: int, axis, dim, default):
