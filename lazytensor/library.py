@@ -94,9 +94,10 @@ def _gradient_reaches(tensors: list) -> list[bool]:
 
 class Deferred:
     """A formula recorded while a compiler traces: ``node`` is ("var", axis, tensor, flavour),
-    ("new", flavour, value) (a constant), ("call", method, formula, args, kwargs) or ("fn", name, args, kwargs)
-    (``where``); ``nbatch`` its batch dimensions, ``flavour`` the LazyTensor class whose methods it records
-    (``lazytensor.keops``'s keeps KeOps's semantics; its parents', as an eager formula's)."""
+    ("new", flavour, value) (a constant), ("call", method, formula, args, kwargs), ("fn", name, args, kwargs)
+    (``where``, ``formula``) or ("ranged", formula, ranges); ``nbatch`` its batch dimensions, ``flavour`` the
+    LazyTensor class whose methods it records (``lazytensor.keops``'s keeps KeOps's semantics; its parents', as an
+    eager formula's)."""
 
     __hash__ = object.__hash__
 
@@ -144,6 +145,15 @@ class Deferred:
     @property
     def nbatchdims(self) -> int:
         return self.nbatch
+
+    def __setattr__(self, name, value):
+        """``K.ranges = ...`` (KeOps's block sparsity, read by K's reductions) is part of the record: ignored, the
+        compiled reduction summed every block (a silent wrong value)."""
+        if name == "ranges":
+            name, value = "node", ("ranged", Deferred(self.node, self.nbatch, self.flavour), value)
+        elif name not in ("node", "nbatch", "flavour"):
+            raise AttributeError(f"LazyTensor.{name} cannot be set while a compiler traces (lazytensor.library)")
+        object.__setattr__(self, name, value)
 
     def __getattr__(self, name):
         """A method only the flavour has (KeOps's ``Kmin``, ``sum_reduction``, ...), recorded as the others are; any
@@ -309,6 +319,10 @@ def _formula(parts, tensors):
         return _flavour(flavour)(tensors[k], axis)
     if kind == "new":
         return _flavour(parts[0])(replay(parts[1], tensors))
+    if kind == "ranged":
+        formula = replay(parts[0], tensors)
+        formula.ranges = replay(parts[1], tensors)
+        return formula
     if kind == "fn":
         name, args, kwargs = parts
         return FUNCTIONS[name](*replay(args, tensors), **replay(kwargs, tensors))
