@@ -82,8 +82,9 @@ class LazyTensor:
     # 2 ms a call at 40 x 50, with two dozen warnings); as opaque calls (graph breaks) 2.2 s, then 0.66 ms.
     # ``opaque`` is ``torch.compiler.disable`` that leaves Dynamo unimported until the caller imports it.
     def __new__(cls, x=None, axis=None, *args, **kwargs):
-        """While a compiler traces, ``cls(x, axis)`` is recorded instead (``library.Deferred``, of flavour ``cls``)."""
-        if x is not None and tracing() and (recorded := _recorded("new", cls, x, axis)) is not None:
+        """While a compiler traces, ``cls(x, axis)`` is recorded instead (``library.Deferred``, of flavour ``cls``);
+        other arguments (KeOps's ``is_complex``) go to the eager constructor, which reads them."""
+        if x is not None and not (args or kwargs) and tracing() and (recorded := _recorded("new", cls, x, axis)) is not None:
             return recorded
         return super().__new__(cls)
 
