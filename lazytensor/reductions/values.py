@@ -23,10 +23,11 @@ class Values(Consumer):
         return (masked(values[0], mask, 0.0)[..., 0],)
 
     def combine(self, state, partial, at):
-        return partial if state is None else (torch.cat([state[0], partial[0]], 2),)
+        """The row block's column tiles so far (joined once, in ``finalize``: not copied at every tile)."""
+        return [partial[0]] if state is None else [*state, partial[0]]
 
     def finalize(self, state, rows, batch):
-        return state
+        return (torch.cat(state, 2),)
 
     def empty(self, batch, rows, dtype, device):
         return (torch.zeros(batch, rows, 0, dtype=dtype, device=device),)
