@@ -8,7 +8,8 @@ tiers are the engine's). A streamed product evaluates the kernel again each time
 columns: 4.2-4.8 ms against 19 ms streamed). A product whose formula holds the same values as at the
 product before (compared, not trusted: a tensor changed through ``.data`` keeps its version) forms
 the matrix once (``reductions.values.Values``, one eager pass) and keeps it; other values forget it.
-Only products that nothing differentiates take this route; the others stream as before.
+Only products that nothing differentiates take this route, on CPU (where it was measured); the others
+stream as before.
 """
 from __future__ import annotations
 
@@ -59,6 +60,8 @@ def _eligible(K, b, options: dict) -> bool:
     if options.get("ranges") is not None or set(options) - {"ranges"} or K.width != 1:
         return False
     if not isinstance(b, torch.Tensor) or b.dim() not in (1, 2) or b.dtype not in (torch.float32, torch.float64):
+        return False
+    if b.device.type != "cpu":  # measured on CPU only: an accelerator streams as before until measured there
         return False
     kept = [v for v in K.variables.values() if not v.follows_dtype]
     if not kept or any(v.numpy or v.tensor.dim() != (1 if v.axis == "p" else 2) or v.tensor.dtype != b.dtype
