@@ -4,11 +4,14 @@
         [--api keops]
 
 The step is issue 44's: a Gaussian kernel product and a log-sum-exp of N points against N in 3-D,
-float32, the loss's value and its gradient in the points. The three steps alternate round by round
-(after three untimed rounds, the compile among them), so a busy moment hits them alike; each figure
-is the median step in milliseconds, with compiled / eager and eager / dense beside it, and ``first``
-the first step of each in this process (the compiled one's includes Dynamo and Inductor's compile of
-the step, with the project's warm or cold inductor cache as it is); one JSON line.
+float32, the loss's value and its gradient in the points. "compiled" is the step under
+``torch.compile(fullgraph=True)`` as a user gets it (small static problems traced into the graph,
+``lazytensor.library.inlined``); "operators" the same with every reduction a ``lazytensor::reduce``
+operator (``INLINE_MAX_BYTES`` 0 while it traces). The steps alternate round by round (after three
+untimed rounds, the compiles among them), so a busy moment hits them alike; each figure is the median
+step in milliseconds, with compiled / eager and eager / dense beside it, and ``first`` the first step
+of each in this process (a compiled one's includes Dynamo and Inductor's compile of the step, with the
+project's warm or cold inductor cache as it is); one JSON line.
 Dense torch builds the N x N matrix (skipped above ``--dense-max``). ``--api keops`` writes the step
 with pykeops's spellings (``lazytensor.keops``: ``LazyTensor(x[:, None, :])``, ``sum(-1)``, ``dim=1``).
 """
@@ -21,6 +24,7 @@ import torch
 from common import arguments, emit, parse
 
 import lazytensor as lt
+from lazytensor import library
 from lazytensor.keops import LazyTensor
 
 
@@ -39,6 +43,20 @@ def dense_loss(x, y, b):
     return (torch.exp(-0.5 * D) @ b).sin().sum() + torch.logsumexp(-D, 1).sum()
 
 
+def as_operators(step):
+    """``step`` compiled with every reduction a ``lazytensor::reduce`` operator: nothing inlined while it traces."""
+    compiled = torch.compile(lambda x, y, b: step(x, y, b), fullgraph=True)  # its own code object: its own graphs
+
+    def call(x, y, b):
+        limit, library.INLINE_MAX_BYTES = library.INLINE_MAX_BYTES, 0
+        try:
+            return compiled(x, y, b)
+        finally:
+            library.INLINE_MAX_BYTES = limit
+
+    return call
+
+
 def main() -> None:
     parser = arguments(__doc__)
     parser.add_argument("--sizes", default="200,4000,16000")
@@ -51,7 +69,7 @@ def main() -> None:
         torch.manual_seed(0)
         x, y, b = torch.randn(n, 3), torch.randn(n, 3), torch.randn(n, 1)
         step = keops_loss if args.api == "keops" else loss
-        steps = {"eager": step, "compiled": torch.compile(step, fullgraph=True)}
+        steps = {"eager": step, "compiled": torch.compile(step, fullgraph=True), "operators": as_operators(step)}
         if n <= args.dense_max:
             steps["dense"] = dense_loss
         times = {name: [] for name in steps}
@@ -68,6 +86,7 @@ def main() -> None:
         ms = {name: round(statistics.median(t[3:]) * 1e3, 2) for name, t in times.items()}
         rows[n] = {**ms, "first": {name: round(t[0] * 1e3, 1) for name, t in times.items()},
                    "compiled/eager": round(ms["compiled"] / ms["eager"], 2),
+                   "operators/eager": round(ms["operators"] / ms["eager"], 2),
                    **({"eager/dense": round(ms["eager"] / ms["dense"], 2)} if "dense" in ms else {}),
                    "rounds": len(times["eager"]) - 3}
         torch._dynamo.reset()

@@ -82,14 +82,19 @@ def _block(t: torch.Tensor, start: int, stop: int, extent: int, fixed: bool, fea
     return buffer
 
 
-@functools.lru_cache(maxsize=256)
-def _valid(width: int, valid: int, dtype: torch.dtype, device, dim: int) -> torch.Tensor:
+def _valid(width: int, valid: int, problem: Problem, dim: int) -> torch.Tensor:
     """1 for the first ``valid`` of ``width`` positions, 0 for padding, in the problem dtype, along ``dim``
     of a (1, 1, 1, 1) view (1: the row mask, 2: the column mask).
 
-    Cached (read-only): a pass asks for the same few masks tile after tile, and call after call.
-    ``unpadded`` tells an eager tile's ``reductions.base.masked`` that there is nothing to mask
-    without asking the tensor (``mask.all()``: ~25 us a tile)."""
+    Cached (read-only): a pass asks for the same few masks tile after tile, and call after call; a traced
+    pass's are the trace's own. ``unpadded`` tells an eager tile's ``reductions.base.masked`` that there is
+    nothing to mask without asking the tensor (``mask.all()``: ~25 us a tile)."""
+    made = _mask.__wrapped__ if problem.traced else _mask
+    return made(width, valid, problem.dtype, problem.device, dim)
+
+
+@functools.lru_cache(maxsize=256)
+def _mask(width: int, valid: int, dtype: torch.dtype, device, dim: int) -> torch.Tensor:
     shape = [1, 1, 1, 1]
     shape[dim] = width
     mask = (torch.arange(width, device=device) < valid).to(dtype).view(shape)
@@ -100,28 +105,37 @@ def _valid(width: int, valid: int, dtype: torch.dtype, device, dim: int) -> torc
 class _Setup:
     """What a pass derives from its consumers and its variables' structure alone, kept for the calls that repeat
     it (``_setup``): the formulas with float constants lifted to parameters (one kernel for every value), the
-    constants' values, whether the norm expansion is possible and the kernels' formula keys."""
+    constants' values, whether the norm expansion is possible and the kernels' formula keys. A traced pass
+    (``Problem.traced``) keeps no tensor here: its constants are the trace's own, and it never expands (the
+    finiteness check reads values)."""
 
     def __init__(self, problem: Problem, consumers):
         self.consumers = consumers
-        lifted, constants = ir.lift_constants([e for c in consumers for e in c.expressions])
+        lifted, self.constant_values = ir.lift_constants([e for c in consumers for e in c.expressions])
         self.exprs, at = [], 0
         for c in consumers:
             self.exprs.append(lifted[at : at + len(c.expressions)])
             at += len(c.expressions)
-        values = torch.tensor([v for _, v in constants], dtype=problem.dtype, device=problem.device)
-        self.constants = {s: (values[k].reshape(1, 1), "p") for k, (s, _) in enumerate(constants)}
+        self.constants = None  # the lifted constants' tensors, made at the first pass that is not traced
         self.may_expand = lower.may_expand(lifted)
         self.keys: dict[bool, tuple] = {}
 
     def problem(self, problem: Problem) -> Problem:
-        return problem.extended(self.constants) if self.constants else problem
+        if not self.constant_values:
+            return problem
+        if problem.traced or self.constants is None:
+            values = torch.tensor([v for _, v in self.constant_values], dtype=problem.dtype, device=problem.device)
+            constants = {s: (values[k].reshape(1, 1), "p") for k, (s, _) in enumerate(self.constant_values)}
+            if problem.traced:
+                return problem.extended(constants)
+            self.constants = constants
+        return problem.extended(self.constants)
 
     def expand(self, problem: Problem) -> bool:
         """The norm expansion needs finite inputs (inf - inf is NaN where the exact answer is not); checked
         only where a contraction is wide enough for it (the check costs two ATen calls per input)."""
         indexed = (t for s, t in problem.tensors.items() if problem.info[s].axis != "p")
-        return self.may_expand and all(bool(torch.isfinite(t).all()) for t in indexed)
+        return self.may_expand and not problem.traced and all(bool(torch.isfinite(t).all()) for t in indexed)
 
     def formula_key(self, problem: Problem, expand: bool) -> tuple:
         if expand not in self.keys:
@@ -198,7 +212,12 @@ def stream(problem: Problem, consumers: list, *, backend: str = "auto", chunk_si
 def _run(loop: "_TileLoop", problem: Problem, consumers, backend, chunk_size, ranges, formula_key, sizes) -> None:
     """The pass's route: sharded and block-sparse passes on one plan, the others by ``backend`` (``_auto_tier``)."""
     n, sharding = problem.size("i"), loop.sharding
-    if sharding is not None:  # every rank must cut the same row blocks, so nothing may depend on its own shard or history
+    if problem.traced:  # a compiler traces an inlined reduction (``library``): its graph holds one tile, no loop
+        if sharding is not None or ranges is not None:
+            raise ValueError("a sharded or block-sparse reduction cannot be traced into a compiled graph")
+        loop.run(TilePlan(n, loop.width), False)
+        routes["traced"] += 1
+    elif sharding is not None:  # every rank must cut the same row blocks, so nothing may depend on its own shard or history
         compiled = use_compiled("eager" if backend == "eager" else "compiled", problem) and (
             backend == "compiled" or n * sum(sizes) >= compile.SHARDED_COMPILE_MIN_PAIRS)
         loop.run(plan_tiles(problem, consumers, chunk_size, compiled, m=max(sizes)), compiled)
@@ -320,7 +339,7 @@ class _TileLoop:
 
     def _rows(self, plan: TilePlan, compiled: bool, r0: int, r1: int):
         rows = [_block(self.tensors[s], r0, r1, plan.rows, compiled) for s in self.i_syms]
-        rowmask = _valid(rows[0].shape[1], r1 - r0, self.problem.dtype, self.problem.device, 1)
+        rowmask = _valid(rows[0].shape[1], r1 - r0, self.problem, 1)
         return rows, rowmask
 
     def _columns(self, plan: TilePlan, compiled: bool, c0: int, c1: int):
@@ -328,7 +347,7 @@ class _TileLoop:
         first = compiled or plan.rows >= EAGER_FEATURES_FIRST_MIN_ROWS or self.problem.device.type != "cpu"
         blocks = [_block(self.tensors[s], c0, c1, plan.cols, compiled, features_first=first) for s in self.j_syms]
         blocks = blocks if first else [b.transpose(1, 2) for b in blocks]
-        return blocks, _valid(blocks[0].shape[2], max(0, min(c1, self.m) - c0), self.problem.dtype, self.problem.device, 2)
+        return blocks, _valid(blocks[0].shape[2], max(0, min(c1, self.m) - c0), self.problem, 2)
 
     def _row_states(self, rows: int) -> list:
         """Each consumer's state before a row block's first tile: its column state, a folding reduction's

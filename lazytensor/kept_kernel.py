@@ -17,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from . import autograd, engine, ir, variables
 from .reductions.values import Values
@@ -56,10 +57,11 @@ def product(K, b, options: dict) -> torch.Tensor | None:
 
 def _eligible(K, b, options: dict) -> bool:
     """A product this route may serve: a plain ``K @ b`` (no options, no batch, no NumPy), one mixed scalar
-    formula of float32 / float64 tensors small enough to keep, and no gradient, tangent or transform through it."""
+    formula of float32 / float64 tensors small enough to keep, and no gradient, tangent, transform or compiler's
+    trace (fake tensors: their values cannot be compared) through it."""
     if options.get("ranges") is not None or set(options) - {"ranges"} or K.width != 1:
         return False
-    if not isinstance(b, torch.Tensor) or b.dim() not in (1, 2) or b.dtype not in (torch.float32, torch.float64):
+    if not isinstance(b, torch.Tensor) or is_fake(b) or b.dim() not in (1, 2) or b.dtype not in (torch.float32, torch.float64):
         return False
     if b.device.type != "cpu":  # measured on CPU only: an accelerator streams as before until measured there
         return False

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import sympy
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from . import ir
 
@@ -26,7 +27,7 @@ class Problem:
 
     i/j tensors are (B, N, D) / (B, M, D) with B equal to the batch size or 1;
     parameters are (B, D) (B may be 1). ``order`` fixes the argument order of
-    tile kernels.
+    tile kernels. ``traced``: its tensors are a compiler's stand-ins (fake), not values.
     """
 
     info: dict[sympy.Symbol, ir.VarInfo]
@@ -47,6 +48,7 @@ class Problem:
         self.batch = max((t.shape[0] for t in self.tensors.values()), default=1)
         self.dtype = None if first is None else first.dtype
         self.device = None if first is None else first.device
+        self.traced = any(type(t) is not torch.Tensor and is_fake(t) for t in self.tensors.values())
 
     def axis_symbols(self, axis: str) -> list[sympy.Symbol]:
         return list(self._by_axis[axis])

@@ -19,7 +19,6 @@ Operations build the same IR and run on the same engine: nothing is re-implement
 from __future__ import annotations
 
 import copy
-import functools
 import inspect
 
 import numpy as np
@@ -108,14 +107,14 @@ class LazyTensor(CoreLazyTensor):
         """``library.reduced_axis`` for KeOps's reductions: their axes count batch dimensions, some reduce the features."""
         if name in ("matmul", "__matmul__", "solve"):
             return "j"
-        defaults = _axis_defaults()
-        if name not in defaults:
+        has_axis, default = _axis_default(name)
+        if not has_axis:
             from .. import library  # loaded: only a compiler's trace asks
 
             return library.reduced_axis(name, nbatch, args, kwargs)
         bound = inspect.signature(getattr(cls, name)).bind(None, *args, **kwargs).arguments
         named = {**bound.get("kwargs", {}), **bound}
-        where = keops_axis(nbatch, named.get("axis"), named.get("dim"), defaults[name])
+        where = keops_axis(nbatch, named.get("axis"), named.get("dim"), default)
         return None if where == -1 else where
 
     def _anchored(self, axis: str) -> "LazyTensor":
@@ -251,13 +250,22 @@ class LazyTensor(CoreLazyTensor):
         return CoreLazyTensor.solve(self, other, alpha, **solve_options, **options(kwargs, "solve", self.dtype))
 
 
-@functools.cache
-def _axis_defaults() -> dict:
-    """KeOps's reductions that take an axis -> its default (-1: the features); logsumexp_reduction passes it on.
-    Read when a compiler first traces one (1.3 ms of signatures: not at import)."""
-    defaults = {name: inspect.signature(value).parameters["axis"].default for name, value in vars(LazyTensor).items()
-                if inspect.isfunction(value) and "axis" in inspect.signature(value).parameters}
-    return {**defaults, "logsumexp_reduction": None}
+def _axis_default(name: str) -> tuple:
+    """(whether KeOps's reduction ``name`` takes an axis, its default: -1 the features; logsumexp_reduction passes
+    it on). The signatures are read when a compiler first traces one (1.3 ms: not at import). Dynamo calls this
+    rather than tracing it (``_dynamo_marked_constant``): traced, the first call's side effects (the dict filled,
+    inspect's own caches) made Dynamo's restart of the same trace take another path, and the compile failed
+    (``SpeculationLogDivergence``) where a KeOps formula was first reduced inside a compiled function."""
+    if not _AXIS_DEFAULTS:
+        _AXIS_DEFAULTS.update({name: inspect.signature(value).parameters["axis"].default
+                               for name, value in vars(LazyTensor).items()
+                               if inspect.isfunction(value) and "axis" in inspect.signature(value).parameters})
+        _AXIS_DEFAULTS["logsumexp_reduction"] = None
+    return name in _AXIS_DEFAULTS, _AXIS_DEFAULTS.get(name)
+
+
+_AXIS_DEFAULTS: dict = {}
+_axis_default._dynamo_marked_constant = True  # what torch._dynamo.assume_constant_result sets (without importing Dynamo)
 
 
 def keops_axis(nb: int, axis, dim, default):

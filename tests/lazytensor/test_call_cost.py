@@ -99,7 +99,7 @@ def _problem(formula):
 
 
 def test_unpadded_masks_are_marked_and_padded_ones_are_not():
-    full, padded = engine._valid(64, 64, torch.float32, torch.device("cpu"), 2), engine._valid(64, 50, torch.float32,
+    full, padded = engine._mask(64, 64, torch.float32, torch.device("cpu"), 2), engine._mask(64, 50, torch.float32,
                                                                                                torch.device("cpu"), 2)
     assert full.unpadded and not padded.unpadded and padded.shape == (1, 1, 64, 1) and padded.sum() == 50
     x, y, b = torch.randn(37, 3), torch.randn(1029, 3), torch.randn(1029, 4)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import lazytensor as lt
-from lazytensor import library
+from lazytensor import engine, library
 from lazytensor.keops import Genred
 
 torch.manual_seed(0)
@@ -62,12 +62,24 @@ def _recorded(t, axis):
     return library.Deferred.call("new", lt.LazyTensor, t, axis)
 
 
-def _check(fn):
-    """Compiled with fullgraph=True: no graph break, outputs and gradients of every float input as eager."""
+@pytest.fixture(params=["inlined", "operator"])
+def route(request, monkeypatch):
+    """Small static problems are traced into the caller's graph (``library.inlined``); with ``INLINE_MAX_BYTES`` 0
+    every reduction is a ``lazytensor::reduce`` operator."""
+    if request.param == "operator":
+        monkeypatch.setattr(library, "INLINE_MAX_BYTES", 0)
+    return request.param
+
+
+def _check(fn, route):
+    """Compiled with fullgraph=True: no graph break, outputs and gradients of every float input as eager; the
+    engine's passes traced into the graph on the inlined route only."""
     torch._dynamo.reset()
+    traced = engine.routes["traced"]
     eager_in = [t.clone().requires_grad_() for t in (X, Y, B, G)]
     compiled_in = [t.clone().requires_grad_() for t in (X, Y, B, G)]
-    eager, compiled = fn(*eager_in), torch.compile(fn, fullgraph=True)(*compiled_in)
+    backend = "aot_eager" if route == "inlined" else "inductor"  # the traced graph as Inductor gets it, run by ATen:
+    eager, compiled = fn(*eager_in), torch.compile(fn, fullgraph=True, backend=backend)(*compiled_in)  # 3x quicker
     assert len(compiled) == len(eager)
     for c, e in zip(compiled, eager):
         assert c.shape == e.shape and c.dtype == e.dtype
@@ -75,23 +87,38 @@ def _check(fn):
     loss = [sum(o.sin().sum() for o in outs if o.requires_grad) for outs in (eager, compiled)]
     for c, e in zip(torch.autograd.grad(loss[1], compiled_in), torch.autograd.grad(loss[0], eager_in)):
         torch.testing.assert_close(c, e)
+    assert (engine.routes["traced"] > traced) == (route == "inlined")
     assert torch._dynamo.explain(fn)(X, Y, B, G).graph_break_count == 0
 
 
-def test_every_reduction_compiles_in_one_graph_with_eager_values_and_gradients():
-    _check(_reductions)
+def test_every_reduction_compiles_in_one_graph_with_eager_values_and_gradients(route):
+    _check(_reductions, route)
 
 
-def test_named_operators_and_attention_compile_in_one_graph():
-    _check(_named)
+def test_named_operators_and_attention_compile_in_one_graph(route):
+    _check(_named, route)
 
 
-def test_keops_lazytensors_compile_in_one_graph():
-    _check(_keops)
+def test_keops_lazytensors_compile_in_one_graph(monkeypatch):
+    monkeypatch.setattr(library, "INLINE_MAX_BYTES", 0)  # inlined: the replay the other tests trace (25 s more)
+    _check(_keops, "operator")
 
 
-def test_formulas_from_text_compile_in_one_graph():
-    _check(_strings)
+def test_keops_reductions_compile_as_a_fresh_process_first_traces_them():
+    """KeOps's axis defaults are read at the first trace that reduces a KeOps formula. Traced by Dynamo, that read's
+    side effects made Dynamo's restart of the trace (a Python float made a tensor) take another path, and a fresh
+    process's first compile of them failed (``SpeculationLogDivergence``)."""
+    import subprocess
+    import sys
+
+    script = ("import torch\nfrom tests.lazytensor.test_inside_compile import _keops, X, Y, B, G\n"
+              "torch.compile(_keops, fullgraph=True, backend='aot_eager')(X, Y, B, G)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_formulas_from_text_compile_in_one_graph(route):
+    _check(_strings, route)
 
 
 def test_an_attribute_read_breaks_the_graph_and_reads_the_eager_formula():
@@ -209,7 +236,7 @@ def _step_loss(x, y, b):
     return (K @ b).sin().sum() + (-lt.Vi(x).sqdist(lt.Vj(y))).logsumexp(1).sum()
 
 
-def test_float32_gradients_of_a_compiled_reduction_are_float32_accurate():
+def test_float32_gradients_of_a_compiled_reduction_are_float32_accurate(route):
     """The backward's replay turns autograd back on, and only autograd: with every excluded dispatch key
     back on, CPU autocast ran it in bfloat16 (gradients 4e-3 off)."""
     torch._dynamo.reset()
@@ -222,23 +249,61 @@ def test_float32_gradients_of_a_compiled_reduction_are_float32_accurate():
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
 
 
+def _passes_per_step(monkeypatch, fn, steps: int) -> list:
+    """The engine passes each of ``steps`` calls of ``fn``'s value and gradient runs."""
+    passes = []
+    stream = engine.stream
+    monkeypatch.setattr(engine, "stream", lambda *a, **k: passes.append(1) or stream(*a, **k))
+    counts = []
+    for _ in range(steps):
+        x = X.clone().requires_grad_()
+        passes.clear()
+        torch.autograd.grad(fn(x, Y, B), x)
+        counts.append(len(passes))
+    return counts
+
+
 def test_a_compiled_training_step_runs_the_passes_an_eager_one_does(monkeypatch):
     """The forward leaves its autograd graph on its outputs and the backward differentiates it, instead of
     replaying the forward (the first compiled call also runs each reduction once on one row, for its shapes)."""
     torch._dynamo.reset()
-    from lazytensor import engine
+    monkeypatch.setattr(library, "INLINE_MAX_BYTES", 0)
+    eager = _passes_per_step(monkeypatch, _step_loss, 1)
+    assert eager == [4] and _passes_per_step(monkeypatch, torch.compile(_step_loss, fullgraph=True), 2)[1] == 4
 
-    passes = []
-    stream = engine.stream
-    monkeypatch.setattr(engine, "stream", lambda *a, **k: passes.append(1) or stream(*a, **k))
+
+def test_an_inlined_training_step_runs_no_pass_after_its_compile(monkeypatch):
+    """Traced into the graph, the step's reductions are Inductor's code: after the compile (which traces the passes,
+    forward and backward, on fake tensors) no engine pass runs, and the values are eager's."""
+    torch._dynamo.reset()
     compiled = torch.compile(_step_loss, fullgraph=True)
+    first, second = _passes_per_step(monkeypatch, compiled, 2)
+    assert first >= 4 and second == 0
+    x = X.clone().requires_grad_()
+    x_eager = X.clone().requires_grad_()
+    torch.testing.assert_close(torch.autograd.grad(compiled(x, Y, B), x), torch.autograd.grad(_step_loss(x_eager, Y, B), x_eager))
+
+
+def test_what_is_not_inlined_stays_an_operator(monkeypatch):
+    """Over ``INLINE_MAX_BYTES``, with dynamic sizes, or with an option that picks the engine's route, a reduction is
+    called as the operator; eager calls after an inlined compile find no traced tensor in the engine's caches."""
+    def f(x, y, b):
+        D = lt.Vi(x).sqdist(lt.Vj(y))
+        return (-D).exp() @ b, (-D).logsumexp(1, backend="eager"), (D * 0.5).min(1)
+
+    before = f(X, Y, B)
     counts = []
-    for fn in (_step_loss, compiled, compiled):
-        x = X.clone().requires_grad_()
-        passes.clear()
-        (g,) = torch.autograd.grad(fn(x, Y, B), x)
-        counts.append(len(passes))
-    assert counts[0] == counts[2] == 4
+    for limit, dynamic in ((library.INLINE_MAX_BYTES, False), (30 * 40 * 5 * 8 - 1, False), (library.INLINE_MAX_BYTES, True)):
+        monkeypatch.setattr(library, "INLINE_MAX_BYTES", limit)
+        torch._dynamo.reset()
+        traced = engine.routes["traced"]
+        compiled = torch.compile(f, fullgraph=True, dynamic=dynamic)(X, Y, B)
+        counts.append(engine.routes["traced"] - traced)
+        for c, e in zip(compiled, before):
+            torch.testing.assert_close(c, e)
+    assert counts[0] > 0 and counts[1:] == [0, 0]
+    for e, b in zip(f(X, Y, B), before):
+        torch.testing.assert_close(e, b)
 
 
 def test_a_key_of_other_operators_is_refused():
@@ -251,8 +316,6 @@ def test_without_the_forward_graph_the_backward_replays_the_record(monkeypatch):
     """An operator called outside a compiled graph (an exported program run eagerly: autograd hands the backward
     new tensor objects for the saved outputs), or traced without gradients, finds no graph on its outputs: the
     backward replays the record first (one forward pass more). The gradient is the same."""
-    from lazytensor import engine
-
     passes = []
     stream = engine.stream
     monkeypatch.setattr(engine, "stream", lambda *a, **k: passes.append(1) or stream(*a, **k))

@@ -490,11 +490,11 @@ def test_masks_cached_under_inference_mode_serve_a_later_backward():
         return ((-lt.Vi(x).sqdist(lt.Vj(y))).exp() * lt.Vj(b)).sum(1, backend="eager", chunk_size=(16, 8))
 
     dense = torch.exp(-torch.cdist(x, y) ** 2) @ b
-    engine._valid.cache_clear()
+    engine._mask.cache_clear()
     with torch.inference_mode():
         torch.testing.assert_close(product(x.detach()), dense.detach(), **F64)
     assert_same(product(x), dense, [x])
-    assert engine._valid.cache_info().hits > 0
+    assert engine._mask.cache_info().hits > 0
 
 
 @pytest.mark.parametrize("case", ["sum", "kmin", "quantile"])
