@@ -1,10 +1,11 @@
 """A training step that reduces formulas: eager, under torch.compile(fullgraph=True), and dense torch.
 
     flock /tmp/tp-bench.lock .venv/bin/python benchmarks/training_step.py [--threads 2] [--sizes 200,4000,16000]
-        [--api keops]
+        [--api keops] [--loss sinkhorn]
 
-The step is issue 44's: a Gaussian kernel product and a log-sum-exp of N points against N in 3-D,
-float32, the loss's value and its gradient in the points. "compiled" is the step under
+The steps are issue 44's, on N points against N in 3-D, float32, the loss's value and its gradient in the
+points: a Gaussian kernel product and a log-sum-exp (``--loss kernel``), or a log-domain Sinkhorn loss of
+``SINKHORN_ITERATIONS`` iterations, two log-sum-exps each on one cost matrix (``--loss sinkhorn``). "compiled" is the step under
 ``torch.compile(fullgraph=True)`` as a user gets it (small static problems traced into the graph,
 ``lazytensor.library.inlined``); "operators" the same with every reduction a ``lazytensor::reduce``
 operator (``INLINE_MAX_BYTES`` 0 while it traces). The steps alternate round by round (after three
@@ -17,6 +18,7 @@ with pykeops's spellings (``lazytensor.keops``: ``LazyTensor(x[:, None, :])``, `
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -43,6 +45,32 @@ def dense_loss(x, y, b):
     return (torch.exp(-0.5 * D) @ b).sin().sum() + torch.logsumexp(-D, 1).sum()
 
 
+SINKHORN_ITERATIONS, SINKHORN_BLUR = 10, 0.1
+
+
+def sinkhorn_loss(x, y, b):
+    """Uniform weights; ``b`` unused (the steps share a signature)."""
+    C = lt.Vi(x).sqdist(lt.Vj(y)) / 2
+    f, g = None, torch.zeros(len(y), 1)
+    for _ in range(SINKHORN_ITERATIONS):
+        f = -SINKHORN_BLUR * ((lt.Vj(g) - C) / SINKHORN_BLUR - math.log(len(y))).logsumexp(1)
+        g = -SINKHORN_BLUR * ((lt.Vi(f) - C) / SINKHORN_BLUR - math.log(len(x))).logsumexp(0)
+    return f.mean() + g.mean()
+
+
+def dense_sinkhorn_loss(x, y, b):
+    C = ((x[:, None] - y[None]) ** 2).sum(-1) / 2
+    f, g = None, torch.zeros(len(y), 1)
+    for _ in range(SINKHORN_ITERATIONS):
+        f = -SINKHORN_BLUR * torch.logsumexp((g.T - C) / SINKHORN_BLUR - math.log(len(y)), 1, keepdim=True)
+        g = -SINKHORN_BLUR * torch.logsumexp((f - C) / SINKHORN_BLUR - math.log(len(x)), 0).unsqueeze(1)
+    return f.mean() + g.mean()
+
+
+STEPS = {("lazytensor", "kernel"): (loss, dense_loss), ("keops", "kernel"): (keops_loss, dense_loss),
+         ("lazytensor", "sinkhorn"): (sinkhorn_loss, dense_sinkhorn_loss)}
+
+
 def as_operators(step):
     """``step`` compiled with every reduction a ``lazytensor::reduce`` operator: nothing inlined while it traces."""
     compiled = torch.compile(lambda x, y, b: step(x, y, b), fullgraph=True)  # its own code object: its own graphs
@@ -63,15 +91,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=0, help="timed rounds (default: about 20 s a size)")
     parser.add_argument("--dense-max", type=int, default=8000)
     parser.add_argument("--api", choices=("lazytensor", "keops"), default="lazytensor")
+    parser.add_argument("--loss", choices=("kernel", "sinkhorn"), default="kernel")
     args = parse(parser)
+    if (args.api, args.loss) not in STEPS:
+        parser.error(f"--loss {args.loss} is written with lazytensor's spellings only (--api lazytensor)")
+    step, dense_step = STEPS[(args.api, args.loss)]
     rows = {}
     for n in (int(s) for s in args.sizes.split(",")):
         torch.manual_seed(0)
         x, y, b = torch.randn(n, 3), torch.randn(n, 3), torch.randn(n, 1)
-        step = keops_loss if args.api == "keops" else loss
         steps = {"eager": step, "compiled": torch.compile(step, fullgraph=True), "operators": as_operators(step)}
         if n <= args.dense_max:
-            steps["dense"] = dense_loss
+            steps["dense"] = dense_step
         times = {name: [] for name in steps}
         rounds, k = args.rounds, 0
         while k < 3 + (rounds or 3):
@@ -90,7 +121,7 @@ def main() -> None:
                    **({"eager/dense": round(ms["eager"] / ms["dense"], 2)} if "dense" in ms else {}),
                    "rounds": len(times["eager"]) - 3}
         torch._dynamo.reset()
-    emit({"benchmark": "training_step", "api": args.api, "threads": args.threads, "ms": rows})
+    emit({"benchmark": "training_step", "api": args.api, "loss": args.loss, "threads": args.threads, "ms": rows})
 
 
 if __name__ == "__main__":

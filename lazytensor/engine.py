@@ -349,18 +349,20 @@ class _TileLoop:
         blocks = blocks if first else [b.transpose(1, 2) for b in blocks]
         return blocks, _valid(blocks[0].shape[2], max(0, min(c1, self.m) - c0), self.problem, 2)
 
-    def _row_states(self, rows: int) -> list:
-        """Each consumer's state before a row block's first tile: its column state, a folding reduction's
-        empty ``row_state``, else None (it starts from its first partial)."""
+    def _row_states(self, rows: int, compiled: bool) -> list:
+        """Each consumer's state before a row block's first tile: its column state, else None (it starts from
+        its first partial); a folding reduction's empty ``row_state`` for a compiled kernel (which takes the
+        same arguments at every tile: merging it into the first partial cost a traced one-tile pass a third of
+        its graph)."""
         dtype, device = self.problem.dtype, self.problem.device
         return [self.column_states[k] if self.by_column[k] else cons.row_state(self.batch, rows, dtype, device)
-                if self.folds[k] else None for k, cons in enumerate(self.consumers)]
+                if self.folds[k] and compiled else None for k, cons in enumerate(self.consumers)]
 
     def example_arguments(self, plan: TilePlan) -> tuple:
         """A compiled kernel's first tile, copied: what a background compile traces and runs once."""
         rows, rowmask = self._rows(plan, True, 0, min(plan.rows, self.n))
         cols, mask = self._columns(plan, True, 0, min(plan.cols, self.width))
-        states = [state if fold else None for fold, state in zip(self.folds, self._row_states(plan.rows))]
+        states = [state if fold else None for fold, state in zip(self.folds, self._row_states(plan.rows, True))]
         return rows, cols, [self.tensors[s].clone() for s in self.p_syms], states, mask, rowmask
 
     def run(self, plan: TilePlan, compiled: bool, *, kernel=None, start: int = 0, switch=None) -> int:
@@ -372,7 +374,7 @@ class _TileLoop:
         for (r0, r1), column_ranges in tile_schedule(self.n, self.width, plan, start):
             threads.follow_load()
             rows, rowmask = self._rows(plan, compiled, r0, r1)
-            states = self._row_states(rows[0].shape[1])
+            states = self._row_states(rows[0].shape[1], compiled)
             for c0, c1 in column_ranges:
                 if (c0, c1) not in column_blocks:
                     column_blocks[(c0, c1)] = self._columns(plan, compiled, c0, c1)

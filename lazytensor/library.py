@@ -28,12 +28,11 @@ import ast
 import functools
 import importlib
 import inspect
-import math
 import operator
 
 import torch
 
-from . import lazy_tensor, ops, parse, plan, run, variables
+from . import lazy_tensor, ops, parse, plan, record_shapes, run, variables
 from .lazy_tensor import LazyTensor
 from .opaque import tracing
 
@@ -96,11 +95,11 @@ def inlined(key: str, shapes: tuple, itemsize: int) -> bool:
     keeps its answer (``_dynamo_marked_constant``, what ``assume_constant_result`` sets: applying that imports
     Dynamo)."""
     reduced, node = decode(key)
-    calls = [part for part in _nodes(node) if part[0] == "lazy"]
+    calls = [part for part in record_shapes.nodes(node) if part[0] == "lazy"]
     names = {part[2] if part[1] in ("call", "fn") else part[1] for part in calls}
     options = {k for part in calls if part[1] in ("call", "fn") for k, _ in part[-1][1:]}
     if names & {"ranged", "quantile", "solve", "distance_quantile"} or options & set(_ROUTE_OPTIONS) or \
-            _widest(node, reduced, shapes) * itemsize > INLINE_MAX_BYTES:
+            record_shapes.widest(node, reduced, shapes) * itemsize > INLINE_MAX_BYTES:
         return False
     global _traced_replay
     if _traced_replay is None:
@@ -109,34 +108,6 @@ def inlined(key: str, shapes: tuple, itemsize: int) -> bool:
 
 
 inlined._dynamo_marked_constant = True
-
-
-def _nodes(node):
-    if isinstance(node, tuple):
-        yield node
-        for part in node[1:]:
-            yield from _nodes(part)
-
-
-def _widest(node, reduced: str | None, shapes: tuple) -> int:
-    """The entries of a one-tile pass's widest intermediate, bounded as ``plan`` bounds an eager tile's: its pairs
-    times the widest feature size (of its variables, and its tensor arguments': a vector's is 1) plus two."""
-    width = max([shapes[k][-1] if axis != "tensor" or len(shapes[k]) > 1 else 1 for axis, k in _leaves(node, False)
-                 if shapes[k]] + [1])
-    return _pairs(node, reduced, [torch.empty(shape, device="meta") for shape in shapes]) * (width + 2)
-
-
-def _pairs(node, reduced: str | None, tensors: list) -> int:
-    """The pairs a reduction evaluates: batch x rows x columns (a named operator's: its first two tensors' rows)."""
-    if reduced is None:
-        batch, rows, _ = _leading_call(node, tensors)
-        first, second = (_tensors(node[3]) + [None, None])[:2]
-        return math.prod(batch) * rows * (tensors[second].shape[-2] if second is not None else 1)
-    batch, rows, _ = _leading(node, reduced, tensors)
-    _, _, _, formula, args, kwargs = node
-    arguments = [(reduced if axis == "tensor" else axis, k) for axis, k in _leaves(("arguments", args, kwargs), False)]
-    columns = next((tensors[k].shape[-2] for axis, k in [*_leaves(formula, False), *arguments] if axis == reduced), 1)
-    return math.prod(batch) * rows * columns
 
 
 def _replay_outputs(key: str, tensors: list) -> list:
@@ -157,10 +128,9 @@ def reduced_axis(name: str, nbatch: int, args: tuple, kwargs: dict) -> str | Non
         return "i" if reduction == "rmatvec" else "j"
     if reduction is None:
         return None
-    bound = inspect.signature(getattr(LazyTensor, name)).bind(None, *args, **kwargs)
-    bound.apply_defaults()
-    axis = bound.arguments.get("options", {}).get("axis")
-    dim = bound.arguments["dim"] if axis is None else axis
+    arguments = bound(getattr(LazyTensor, name), args, kwargs, defaults=True)
+    axis = arguments.get("axis")
+    dim = arguments["dim"] if axis is None else axis
     if reduction in FEATURE_REDUCTIONS and lazy_tensor.is_feature_dim(dim, nbatch):
         return None
     return run.reduced_axis(dim, nbatch)
@@ -172,17 +142,70 @@ def _gradient_reaches(tensors: list) -> list[bool]:
     return [torch.is_grad_enabled() and t.requires_grad and t.is_floating_point() for t in tensors]
 
 
+def bound(method, args: tuple, kwargs: dict, *, defaults: bool = False) -> dict:
+    """The arguments ``method(self, *args, **kwargs)`` binds, by parameter name (a var-keyword's entries by their own;
+    ``defaults``: the parameters not given too). Where each one comes from is worked out once per method and call
+    form (``_binding``, called by Dynamo rather than traced): binding signatures took a tenth of Dynamo's trace
+    of a formula's reductions."""
+    return {name: args[at] if kind == "arg" else kwargs[at] if kind == "kw" else at
+            for name, kind, at in _binding(method, len(args), tuple(kwargs), defaults)}
+
+
+def _binding(method, count: int, keywords: tuple, defaults: bool) -> tuple:
+    """Where each parameter of a call of ``method`` with ``count`` positional arguments and ``keywords`` comes from:
+    (name, "arg", position), (name, "kw", keyword) or (name, "default", value); a call that does not bind raises
+    ``inspect``'s TypeError."""
+    form = (method, count, keywords, defaults)
+    if form not in _BINDINGS:
+        signature = inspect.signature(method)
+        try:
+            given = signature.bind(None, *[_Given("arg", k) for k in range(count)], **{k: _Given("kw", k) for k in keywords})
+        except TypeError as error:
+            raise TypeError(f"{method.__qualname__}(): {error}") from None
+        if defaults:
+            given.apply_defaults()
+        slots = []
+        for name, value in list(given.arguments.items())[1:]:
+            if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+                slots.extend((k, *v) for k, v in value.items())
+            elif signature.parameters[name].kind is not inspect.Parameter.VAR_POSITIONAL:
+                slots.append((name, *value) if isinstance(value, _Given) else (name, "default", value))
+        _BINDINGS[form] = tuple(slots)
+    return _BINDINGS[form]
+
+
+class _Given(tuple):
+    """A placeholder ``_binding`` binds: where the call gives that parameter."""
+
+    def __new__(cls, kind: str, at):
+        return super().__new__(cls, (kind, at))
+
+
+_BINDINGS: dict = {}
+_binding._dynamo_marked_constant = True  # what torch._dynamo.assume_constant_result sets (without importing Dynamo)
+
+
 class Deferred:
     """A formula recorded while a compiler traces: ``node`` is ("var", axis, tensor, flavour),
     ("new", flavour, value) (a constant), ("call", method, formula, args, kwargs), ("fn", name, args, kwargs)
     (``where``, ``formula``) or ("ranged", formula, ranges); ``nbatch`` its batch dimensions, ``flavour`` the
     LazyTensor class whose methods it records (``lazytensor.keops``'s keeps KeOps's semantics; its parents', as an
-    eager formula's)."""
+    eager formula's). ``literal`` is the node as a Python literal, ``holes`` the tensors in it (``encode``): made
+    here, once, from the operands' own, so the key of a reduction costs Dynamo's trace a few steps, not a walk
+    of the whole formula (a walk per reduction was most of the trace of a Sinkhorn loop, whose 20 reductions
+    share their cost matrix)."""
 
     __hash__ = object.__hash__
 
     def __init__(self, node: tuple, nbatch: int, flavour: type = LazyTensor):
-        self.node, self.nbatch, self.flavour = node, nbatch, flavour
+        holes: list = []
+        literal = "('lazy'," + "".join(encode(part, holes) + "," for part in node) + ")"
+        record = object.__setattr__  # Deferred.__setattr__ takes only ``ranges``
+        record(self, "node", node)
+        record(self, "nbatch", nbatch)
+        record(self, "flavour", flavour)
+        record(self, "literal", literal)
+        record(self, "holes", tuple(holes))
 
     @staticmethod
     def call(name: str, *args, **kwargs) -> "Deferred":
@@ -229,11 +252,11 @@ class Deferred:
     def __setattr__(self, name, value):
         """``K.ranges = ...`` (KeOps's block sparsity, read by K's reductions) is part of the record: ignored, the
         compiled reduction summed every block (a silent wrong value)."""
-        if name == "ranges":
-            name, value = "node", ("ranged", Deferred(self.node, self.nbatch, self.flavour), value)
-        elif name not in ("node", "nbatch", "flavour"):
+        if name != "ranges":
             raise AttributeError(f"LazyTensor.{name} cannot be set while a compiler traces (lazytensor.library)")
-        object.__setattr__(self, name, value)
+        ranged = Deferred(("ranged", Deferred(self.node, self.nbatch, self.flavour), value), self.nbatch, self.flavour)
+        for part in ("node", "literal", "holes"):
+            object.__setattr__(self, part, getattr(ranged, part))
 
     def __getattr__(self, name):
         """A method only the flavour has (KeOps's ``Kmin``, ``sum_reduction``, ...), recorded as the others are; any
@@ -251,7 +274,7 @@ class Deferred:
         """The formula as an eager LazyTensor of its own tensors: a record met by code that runs eagerly (after
         a graph break, in a call opaque to the compiler: ``lt.formula``, KeOps's ``Genred``)."""
         tensors = []
-        return _replayed(ast.literal_eval(encode(self, tensors)), tensors)
+        return _replayed(ast.literal_eval(numbered(self, tensors)), tensors)
 
     def __bool__(self):
         raise TypeError("a LazyTensor has no truth value; reduce it first")
@@ -325,38 +348,60 @@ for _name, _value in list(vars(LazyTensor).items()):
 
 
 # -- the key: a Python literal of the record, tensors as positions --------------------------------
-def encode(value, tensors: list) -> str:
-    """``value`` as a literal; each tensor is appended to ``tensors`` once (by identity) and named by position."""
+HOLE = "\x00"  # a tensor's place in a record's literal until its key numbers it (no repr writes a NUL character)
+
+
+def encode(value, holes: list) -> str:
+    """``value`` as a literal, each tensor a ``HOLE`` (appended to ``holes``); a record's is the one it made.
+    The commonest kinds are asked first: Dynamo traces every check."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return repr(value)
     if isinstance(value, Deferred):
-        return "('lazy'," + "".join(encode(part, tensors) + "," for part in value.node) + ")"
+        holes.extend(value.holes)
+        return value.literal
     if isinstance(value, torch.Tensor):
-        for k, t in enumerate(tensors):
-            if t is value:
-                return f"('tensor',{k})"
-        tensors.append(value)
-        return f"('tensor',{len(tensors) - 1})"
+        holes.append(value)
+        return HOLE
     if isinstance(value, (tuple, list)):
         kind = "'tuple'" if isinstance(value, tuple) else "'list'"
-        return "(" + kind + "," + "".join(encode(v, tensors) + "," for v in value) + ")"
+        return "(" + kind + "," + "".join(encode(v, holes) + "," for v in value) + ")"
     if isinstance(value, dict):
-        return "('dict'," + "".join(f"({k!r},{encode(v, tensors)})," for k, v in value.items()) + ")"
+        return "('dict'," + "".join(f"({k!r},{encode(v, holes)})," for k, v in value.items()) + ")"
     if isinstance(value, float):
         return f"('float',{repr(value)!r})"  # repr(inf) is no literal
     if isinstance(value, slice):
-        return "('slice'," + encode((value.start, value.stop, value.step), tensors) + ")"
+        return "('slice'," + encode((value.start, value.stop, value.step), holes) + ")"
     if isinstance(value, torch.dtype):
         return f"('dtype',{str(value)!r})"
     if value is Ellipsis:
         return "('ellipsis',)"
-    if value is None or isinstance(value, (bool, int, str)):
-        return repr(value)
     raise TypeError(f"a {type(value).__name__} cannot be recorded in a formula while a compiler traces")
 
 
 def record_key(record: Deferred, reduced: str | None, tensors: list) -> str:
     """The operator's key of ``record``, a reduction over axis ``reduced`` (None: a named operator): the version of
-    the operators it is read by, the axis, the record's literal."""
-    return f"({KEY_VERSION},{reduced!r},{encode(record, tensors)})"
+    the operators it is read by, the axis, the record's literal (``numbered``)."""
+    return f"({KEY_VERSION},{reduced!r},{numbered(record, tensors)})"
+
+
+def numbered(record: Deferred, tensors: list) -> str:
+    """``record``'s literal, each of its tensors appended to ``tensors`` once (by identity) and named by position."""
+    positions = []
+    for t in record.holes:
+        known = [at for at, seen in enumerate(tensors) if seen is t]
+        if not known:
+            tensors.append(t)
+        positions.append(known[0] if known else len(tensors) - 1)
+    return _filled(record.literal, tuple(positions))
+
+
+def _filled(literal: str, positions: tuple) -> str:
+    """``literal``'s holes replaced by ``('tensor', position)``; called by Dynamo rather than traced."""
+    first, *rest = literal.split(HOLE)
+    return first + "".join(f"('tensor',{at})" + piece for at, piece in zip(positions, rest))
+
+
+_filled._dynamo_marked_constant = True
 
 
 @functools.lru_cache(maxsize=1024)
@@ -459,7 +504,8 @@ def _(key, tensors, needs):
     from torch.fx.experimental.symbolic_shapes import optimization_hint
 
     reduced, node = decode(key)
-    batch, rows, shrunk = _leading_call(node, tensors) if reduced is None else _leading(node, reduced, tensors)
+    batch, rows, shrunk = record_shapes.leading_call(node, tensors) if reduced is None else \
+        record_shapes.leading(node, reduced, tensors)
     hints = [[optimization_hint(s) for s in t.shape] for t in tensors]
     for k in shrunk:
         hints[k][-2] = 1
@@ -467,51 +513,6 @@ def _(key, tensors, needs):
         zeros = [torch.zeros(h, dtype=t.dtype, device=t.device) for h, t in zip(hints, tensors)]
         outs = _evaluated(key, zeros, **({} if node[2] == "attention" else {"backend": "eager"}))
     return [tensors[0].new_empty((*batch, rows, *o.shape[len(batch) + 1:]), dtype=o.dtype) for o in outs]
-
-
-def _leading(node, reduced: str, tensors) -> tuple:
-    """The outputs' batch shape and rows (of the axis not ``reduced``), and the tensors that only hold that axis's
-    rows (none in a solve). Tensors among the reduction's arguments (``K @ b``'s b, weights, values) lie along the
-    reduced axis."""
-    _, _, name, formula, args, kwargs = node
-    rows = "i" if reduced == "j" else "j"
-    arguments = [(reduced if axis == "tensor" else axis, k) for axis, k in _leaves(("arguments", args, kwargs), False)]
-    leaves = list(_leaves(formula, False)) + arguments
-    shapes = [tensors[k].shape[:-1] if axis == "p" else tensors[k].shape[:-2] for axis, k in leaves
-              if axis != "tensor" and tensors[k].dim() >= (1 if axis == "p" else 3)]
-    batch = torch.broadcast_shapes(*shapes) if shapes else ()
-    size = next((tensors[k].shape[-2] for axis, k in leaves if axis == rows), 1)
-    shrunk = {k for axis, k in leaves if axis == rows} - {k for axis, k in leaves if axis != rows}
-    return tuple(batch), size, set() if name == "solve" else shrunk  # a solve's rows are its columns
-
-
-def _leading_call(node, tensors) -> tuple:
-    """``_leading`` for a named operator: the batch of its tensors, the rows of its first (queries, points)."""
-    _, _, _, args, kwargs = node
-    used = _tensors(node)
-    first = _tensors(args)[0]
-    batch = torch.broadcast_shapes(*[tensors[k].shape[:-2] for k in set(used) if tensors[k].dim() >= 3])
-    return tuple(batch), tensors[first].shape[-2], {first} if used.count(first) == 1 else set()
-
-
-def _leaves(node, flipped: bool):
-    """(axis, tensor position) of every variable of a formula record, transposes applied."""
-    if not isinstance(node, tuple):
-        return
-    if node[:2] == ("lazy", "var"):
-        axis = {"i": "j", "j": "i"}.get(node[2], node[2]) if flipped else node[2]
-        yield axis, node[3][1]
-        return
-    if node[0] == "tensor":
-        yield "tensor", node[1]
-        return
-    flip = flipped != (node[:3] == ("lazy", "call", "t"))
-    for part in node[1:]:
-        yield from _leaves(part, flip)
-
-
-def _tensors(node) -> list:
-    return [k for axis, k in _leaves(node, False) if axis == "tensor"]
 
 
 @torch.library.custom_op("lazytensor::reduce_vjp", mutates_args=())

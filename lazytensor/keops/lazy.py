@@ -105,15 +105,14 @@ class LazyTensor(CoreLazyTensor):
     @classmethod
     def _reduced_axis(cls, name: str, nbatch: int, args: tuple, kwargs: dict) -> str | None:
         """``library.reduced_axis`` for KeOps's reductions: their axes count batch dimensions, some reduce the features."""
+        from .. import library  # loaded: only a compiler's trace asks
+
         if name in ("matmul", "__matmul__", "solve"):
             return "j"
         has_axis, default = _axis_default(name)
         if not has_axis:
-            from .. import library  # loaded: only a compiler's trace asks
-
             return library.reduced_axis(name, nbatch, args, kwargs)
-        bound = inspect.signature(getattr(cls, name)).bind(None, *args, **kwargs).arguments
-        named = {**bound.get("kwargs", {}), **bound}
+        named = library.bound(getattr(cls, name), args, kwargs)
         where = keops_axis(nbatch, named.get("axis"), named.get("dim"), default)
         return None if where == -1 else where
 

@@ -57,6 +57,16 @@ _LSE = Genred("-SqDist(X, Y) * G", ["X = Vi(3)", "Y = Vj(3)", "G = Pm(1)"], redu
 _LSE_INLINE = Genred("-SqDist(Vi(0, 3), Vj(1, 3))", [], reduction_op="LogSumExp", axis=0)
 
 
+def _sinkhorn(x, y, b, g):
+    """Reductions fed by reductions: log-domain Sinkhorn iterations on one cost matrix, at temperature g."""
+    C = lt.Vi(x).sqdist(lt.Vj(y)) / 2
+    f, h = None, b[:, :1]
+    for _ in range(2):
+        f = -g * ((lt.Vj(h) - C) / lt.Pm(g)).logsumexp(1)
+        h = -g * ((lt.Vi(f) - C) / lt.Pm(g)).logsumexp(0)
+    return f, h
+
+
 def _recorded(t, axis):
     """``lt.LazyTensor(t, axis)`` as recorded while a compiler traces."""
     return library.Deferred.call("new", lt.LazyTensor, t, axis)
@@ -97,6 +107,10 @@ def test_every_reduction_compiles_in_one_graph_with_eager_values_and_gradients(r
 
 def test_named_operators_and_attention_compile_in_one_graph(route):
     _check(_named, route)
+
+
+def test_a_sinkhorn_loop_compiles_in_one_graph(route):
+    _check(_sinkhorn, route)
 
 
 def test_keops_lazytensors_compile_in_one_graph(monkeypatch):
@@ -304,6 +318,31 @@ def test_what_is_not_inlined_stays_an_operator(monkeypatch):
     assert counts[0] > 0 and counts[1:] == [0, 0]
     for e, b in zip(f(X, Y, B), before):
         torch.testing.assert_close(e, b)
+
+
+def test_a_key_names_each_tensor_once_by_position_and_is_the_same_for_the_same_formula():
+    """A record's literal is made at its construction (``Deferred.literal``, tensors as holes); the key numbers
+    the tensors in order of first appearance, so equal formulas of other tensors share a key (one graph)."""
+    keys = []
+    for x, b in ((X, B), (Y, B.flip(0))):
+        tensors = []
+        D = _recorded(x, "i").sqdist(_recorded(x, "j"))
+        keys.append(library.record_key(library.Deferred(("call", "matmul", (-D).exp() + D, (b,), {}), 0), "j", tensors))
+        assert len(tensors) == 2 and tensors[0] is x and tensors[1] is b
+    assert keys[0] == keys[1] and library.HOLE not in keys[0]
+    assert keys[0].count("('tensor',0)") == 4 and keys[0].count("('tensor',1)") == 1
+
+
+def test_a_reduction_reads_its_axis_wherever_the_call_gives_it():
+    """``library.bound``: where each argument comes from is worked out once per call form, outside Dynamo's trace."""
+    assert library.bound(lt.LazyTensor.kmin, (3,), {"dim": 0}) == {"k": 3, "dim": 0}
+    assert library.bound(lt.LazyTensor.kmin, (3, 0), {}, defaults=True) == {"k": 3, "dim": 0}
+    assert library.bound(lt.LazyTensor.sum, (), {"axis": "i"}, defaults=True) == {"dim": 1, "dtype_acc": None, "axis": "i"}
+    assert [library.reduced_axis("sum", 0, args, kwargs) for args, kwargs in (((0,), {}), ((), {"dim": 0}), ((), {}),
+                                                                              ((), {"axis": "i"}), ((-1,), {}))] == \
+        ["i", "i", "j", "i", None]
+    with pytest.raises(TypeError, match=r"LazyTensor.logsumexp\(\): too many positional"):
+        library.bound(lt.LazyTensor.logsumexp, (1, None, 3), {})
 
 
 def test_a_key_of_other_operators_is_refused():
