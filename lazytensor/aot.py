@@ -127,7 +127,8 @@ def available(device: torch.device) -> bool:
 
 
 @functools.cache
-def _code_version() -> str:
+def code_version() -> str:
+    """A digest of lazytensor's source: part of every key of a kernel or graph built from what it generates."""
     digest = hashlib.sha256()
     for path in sorted(Path(__file__).parent.rglob("*.py")):
         digest.update(path.read_bytes())
@@ -164,7 +165,7 @@ def package_path(source: str, consumers, args: tuple, options: dict) -> Path:
     """Where the package of this tile function, on tiles like ``args``, lives (or will)."""
     tiles = [(tuple(shape), stride, str(dtype)) for shape, stride, dtype in _layout(_tensors(args))]
     tiles = tiles, str(pytree.tree_structure(args))
-    key = pickle.dumps((source, consumers, tiles, sorted(options.items()), torch.__version__, sys.version, _code_version()))
+    key = pickle.dumps((source, consumers, tiles, sorted(options.items()), torch.__version__, sys.version, code_version()))
     return _cache_dir() / "lazytensor-aot" / f"{hashlib.sha256(key).hexdigest()[:32]}.pt2"
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import lazytensor as lt
+import lazytensor.aot
 from lazytensor import engine, library
 from lazytensor.keops import Genred
 
@@ -296,6 +297,22 @@ def test_an_inlined_training_step_runs_no_pass_after_its_compile(monkeypatch):
     x = X.clone().requires_grad_()
     x_eager = X.clone().requires_grad_()
     torch.testing.assert_close(torch.autograd.grad(compiled(x, Y, B), x), torch.autograd.grad(_step_loss(x_eager, Y, B), x_eager))
+
+
+def test_an_inlined_graph_is_one_aotautograd_can_cache():
+    """An inlined reduction is a ``lazytensor::replay`` node in Dynamo's graph, which AOTAutograd's cache accepts
+    (as a Python call, ``nonstrict_trace``, it was refused: every fresh process traced the engine again); the
+    node carries lazytensor's source digest, so a cached graph is never one another lazytensor traced."""
+    from torch._functorch._aot_autograd.autograd_cache import check_node_safe
+
+    graphs = []
+    torch._dynamo.reset()
+    torch.compile(_step_loss, fullgraph=True, backend=lambda gm, inputs: graphs.append(gm) or gm)(X, Y, B)
+    (graph,) = graphs
+    replays = [n for n in graph.graph.nodes if n.target is torch.ops.lazytensor.replay]
+    assert len(replays) == 2 and all(n.args[1] == lazytensor.aot.code_version() for n in replays)
+    for node in graph.graph.nodes:
+        check_node_safe(node)  # raises where the cache would be bypassed
 
 
 def test_what_is_not_inlined_stays_an_operator(monkeypatch):
