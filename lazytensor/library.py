@@ -105,7 +105,8 @@ def inlined(key: str, shapes: tuple, itemsize: int) -> bool:
 
 
 def _source() -> str:
-    """lazytensor's source digest (``aot.code_version``), read once."""
+    """lazytensor's source digest (``aot.code_version``), as a function Dynamo calls rather than traces (it cannot
+    read a ``functools.cache`` wrapper's attributes)."""
     return aot.code_version()
 
 
@@ -475,9 +476,10 @@ def _replay(key: str, source: str, tensors: list) -> list:
     runs. Registered as a composite (CompositeImplicitAutograd), it is decomposed by whoever traces it (Dynamo for
     its outputs, AOTAutograd for the graph): the engine, seeing fake tensors (``Problem.traced``), runs one tile, and
     its ATen calls, forward and backward, are what Inductor compiles. As a node in Dynamo's graph (its first form
-    was a Python call, ``nonstrict_trace``, which AOTAutograd's cache refuses) the graph is cached: a warm cache's
-    first training step took 2.9 s, not 4.4 (20 log-sum-exps: 6.8 s, not 16-19). ``source``, lazytensor's source
-    digest, is unused here but in every cache key: a cached graph holds the ATen calls this lazytensor traced."""
+    was a Python call, ``nonstrict_trace``, which AOTAutograd's cache refuses) the graph is cached: with a warm
+    cache a fresh process's first training step costs what the operators' does (docs/performance.md, "Session 45").
+    ``source``, lazytensor's source digest, is unused here but in every cache key: a cached graph holds the ATen
+    calls this lazytensor traced."""
     return _outputs(_replayed(decode(key)[1], list(tensors)))
 
 
